@@ -1,0 +1,46 @@
+//! Actuators: what changes how k3s runs (SPEC §5). The core calls only [`Actuator`]'s
+//! three methods; the Node's cordon, taint and label are the cluster's business.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::level::Level;
+
+#[cfg(feature = "docker")]
+pub mod docker;
+pub mod dry_run;
+pub mod systemd;
+
+/// Waits for the local Node to be Ready on a heartbeat newer than a restart (SPEC §4).
+/// The cluster implements it; an actuator calls it after restarting k3s into a level
+/// that runs the agent.
+#[async_trait(?Send)]
+pub trait NodeReadiness {
+    async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()>;
+}
+
+/// Readiness that is never waited for: the dry run, and levels without an agent.
+pub struct NoReadinessWait;
+
+#[async_trait(?Send)]
+impl NodeReadiness for NoReadinessWait {
+    async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait(?Send)]
+pub trait Actuator {
+    /// The levels this actuator supports, highest (`full`) first.
+    fn levels(&self) -> &[Level];
+
+    /// The level k3s is running at now.
+    async fn current_level(&self) -> anyhow::Result<Level>;
+
+    /// Makes k3s run at `level`. Returns once k3s serves at that level (etcd healthy
+    /// and, where the agent runs, the Node Ready on a fresh heartbeat through
+    /// `readiness`). On failure it has put the previous level back as far as it could,
+    /// and the error says what failed and what was restored.
+    async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()>;
+}

@@ -1,0 +1,84 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::level::Level;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "regrade",
+    version,
+    about = "Steps a k3s server down under memory pressure without losing its etcd vote, one server at a time",
+    long_about = "regrade runs on every k3s server. It watches memory pressure (PSI) and MemAvailable; \
+under sustained pressure it steps its server down one level at a time \
+(full -> control-plane -> etcd-only), keeping the server's etcd member and vote, and steps it \
+back up once memory has been calm. Only one server in the cluster is stepped down at a time \
+(a Kubernetes Lease plus a check that every other etcd voter is Ready).\n\n\
+Levels: full (k3s as configured); control-plane (cordoned, tainted, labelled, not restarted); \
+etcd-only (k3s restarted without API server, controller manager and scheduler)."
+)]
+pub struct Cli {
+    /// The configuration file (TOML). When the default path is absent, built-in defaults apply.
+    #[arg(long, short = 'c', global = true, env = "REGRADE_CONFIG", default_value = crate::config::DEFAULT_PATH)]
+    pub config: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon: sample pressure every sample_period and step when the rules say so.
+    Watch {
+        /// Decide and log what would be done, touching neither k3s nor the cluster.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show the level, pressure, MemAvailable, streaks, last step, and when the next step
+    /// could happen and what would refuse it.
+    Status {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Step this server by hand. Takes the same Lease and peer check as an automatic step
+    /// and never reads pressure.
+    Step {
+        #[command(subcommand)]
+        target: StepTarget,
+    },
+    /// Replay a pressure trace (CSV) through the decision core and print one JSON object
+    /// per step. Every step succeeds in simulation.
+    Simulate {
+        /// The CSV trace: header row with t,some_avg10,some_avg60,some_avg300,full_avg10,
+        /// full_avg60,full_avg300,mem_available_kb (any order); t in seconds.
+        trace: PathBuf,
+        /// The level the simulated server starts at.
+        #[arg(long, default_value = "full")]
+        level: Level,
+    },
+    /// Sample the live pressure files and print the CSV `simulate` replays, one row per
+    /// sample_period, until interrupted (or --count rows).
+    Record {
+        /// Stop after this many rows.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Time between rows (default: pressure.sample_period), e.g. "1s".
+        #[arg(long)]
+        interval: Option<String>,
+    },
+    /// Check the configuration file and print the settings in force.
+    CheckConfig,
+}
+
+#[derive(Subcommand, Debug, Clone, Copy)]
+pub enum StepTarget {
+    /// One level down.
+    Down,
+    /// One level up.
+    Up,
+    /// To LEVEL, one level at a time.
+    To { level: Level },
+}

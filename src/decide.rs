@@ -1,0 +1,370 @@
+//! The decision core (SPEC §3). Pure: time is an input, nothing here does I/O.
+//!
+//! Each sample is classified as over, calm or neither; streaks start and end with it;
+//! a step is proposed when a streak has lasted `sustain` and `cooldown` has passed
+//! since the last step that ran, in either direction. The caller runs the step and
+//! reports back with [`State::step_ran`] — or, when the step was refused, does
+//! nothing, so the step is proposed again on the next sample.
+
+use std::time::Duration;
+
+use crate::config::{Config, Metric, StepUp};
+use crate::level::Level;
+use crate::pressure::Sample;
+
+/// The settings the core decides by, taken from `[pressure]` and `step_up`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub metric: Metric,
+    pub threshold: f64,
+    pub calm_threshold: f64,
+    /// `None`: PSI alone decides.
+    pub mem_available_floor: Option<u64>,
+    pub sustain: Duration,
+    pub cooldown: Duration,
+    pub step_up: StepUp,
+}
+
+impl Settings {
+    pub fn from_config(c: &Config) -> Settings {
+        Settings {
+            metric: c.pressure.metric,
+            threshold: c.pressure.threshold,
+            calm_threshold: c.calm_threshold(),
+            mem_available_floor: c.pressure.mem_available_floor.map(|b| b.0),
+            sustain: c.pressure.sustain.0,
+            cooldown: c.pressure.cooldown.0,
+            step_up: c.step_up,
+        }
+    }
+
+    /// Over, calm or neither (SPEC §3 definitions).
+    pub fn classify(&self, s: &Sample) -> Reading {
+        let p = s.metric(self.metric);
+        let (low, high) = match self.mem_available_floor {
+            Some(floor) => (s.mem_available < floor, s.mem_available >= floor),
+            None => (true, true),
+        };
+        if p >= self.threshold && low {
+            Reading::Over
+        } else if p < self.calm_threshold && high {
+            Reading::Calm
+        } else {
+            Reading::Neither
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reading {
+    Over,
+    Calm,
+    Neither,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Down,
+    Up,
+}
+
+impl Direction {
+    pub fn action(self) -> &'static str {
+        match self {
+            Direction::Down => "step-down",
+            Direction::Up => "step-up",
+        }
+    }
+}
+
+/// A step of one level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub direction: Direction,
+    pub from: Level,
+    pub to: Level,
+}
+
+impl Step {
+    /// The one-level step from `from` in `direction`, if `levels` has a level there.
+    pub fn from_level(from: Level, direction: Direction, levels: &[Level]) -> Option<Step> {
+        let to = match direction {
+            Direction::Down => from.below(levels),
+            Direction::Up => from.above(levels),
+        }?;
+        Some(Step { direction, from, to })
+    }
+}
+
+/// What the core remembers between samples. Times are offsets from any fixed origin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    pub level: Level,
+    pub over_since: Option<Duration>,
+    pub calm_since: Option<Duration>,
+    pub last_step: Option<Duration>,
+}
+
+impl State {
+    pub fn new(level: Level) -> State {
+        State { level, over_since: None, calm_since: None, last_step: None }
+    }
+
+    /// Takes one sample's reading at time `t`: updates the streaks and proposes the
+    /// step to attempt now, if any (SPEC §3 steps 1–4).
+    pub fn observe(&mut self, settings: &Settings, levels: &[Level], t: Duration, reading: Reading) -> Option<Step> {
+        match reading {
+            Reading::Over => {
+                self.calm_since = None;
+                self.over_since.get_or_insert(t);
+            }
+            Reading::Calm => {
+                self.over_since = None;
+                self.calm_since.get_or_insert(t);
+            }
+            Reading::Neither => {
+                self.over_since = None;
+                self.calm_since = None;
+            }
+        }
+        let cooled = self.last_step.is_none_or(|last| t.saturating_sub(last) >= settings.cooldown);
+        if !cooled {
+            return None;
+        }
+        let sustained = |since: Option<Duration>| since.is_some_and(|s| t.saturating_sub(s) >= settings.sustain);
+        if sustained(self.over_since) {
+            if let Some(step) = Step::from_level(self.level, Direction::Down, levels) {
+                return Some(step);
+            }
+        }
+        if settings.step_up == StepUp::Automatic && sustained(self.calm_since) {
+            return Step::from_level(self.level, Direction::Up, levels);
+        }
+        None
+    }
+
+    /// A step ran at `t` (succeeded or failed) and left k3s at `level` (SPEC §3 step 5):
+    /// the cooldown starts and every further step needs a fresh streak.
+    pub fn step_ran(&mut self, t: Duration, level: Level) {
+        self.level = level;
+        self.last_step = Some(t);
+        self.over_since = None;
+        self.calm_since = None;
+    }
+
+    /// When the next automatic step could happen if the current streak goes on, and
+    /// which way; `None` when no streak is under way or none could lead to a step.
+    pub fn next_step_at(&self, settings: &Settings, levels: &[Level]) -> Option<(Step, Duration)> {
+        let after_cooldown = self.last_step.map_or(Duration::ZERO, |l| l + settings.cooldown);
+        if let Some(since) = self.over_since {
+            let step = Step::from_level(self.level, Direction::Down, levels)?;
+            return Some((step, (since + settings.sustain).max(after_cooldown)));
+        }
+        if let (Some(since), StepUp::Automatic) = (self.calm_since, settings.step_up) {
+            let step = Step::from_level(self.level, Direction::Up, levels)?;
+            return Some((step, (since + settings.sustain).max(after_cooldown)));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEVELS: &[Level] = &Level::ALL;
+
+    fn settings() -> Settings {
+        Settings {
+            metric: Metric::SomeAvg10,
+            threshold: 40.0,
+            calm_threshold: 10.0,
+            mem_available_floor: Some(1000),
+            sustain: Duration::from_secs(30),
+            cooldown: Duration::from_secs(60),
+            step_up: StepUp::Automatic,
+        }
+    }
+
+    fn sample(p: f64, avail: u64) -> Sample {
+        let mut s = Sample::default();
+        s.psi.some[0] = p;
+        s.mem_available = avail;
+        s
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    /// Feeds `reading` every 10 s from `from` to `to` inclusive; runs every proposed step
+    /// successfully; returns the steps with their times.
+    fn feed(state: &mut State, s: &Settings, reading: Reading, from: u64, to: u64) -> Vec<(u64, Step)> {
+        let mut out = vec![];
+        for t in (from..=to).step_by(10) {
+            if let Some(step) = state.observe(s, LEVELS, secs(t), reading) {
+                state.step_ran(secs(t), step.to);
+                out.push((t, step));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn classification_follows_the_spec() {
+        let s = settings();
+        assert_eq!(s.classify(&sample(40.0, 999)), Reading::Over);
+        assert_eq!(s.classify(&sample(40.0, 1000)), Reading::Neither, "high PSI, memory free");
+        assert_eq!(s.classify(&sample(39.9, 999)), Reading::Neither);
+        assert_eq!(s.classify(&sample(9.9, 1000)), Reading::Calm);
+        assert_eq!(s.classify(&sample(10.0, 1000)), Reading::Neither, "calm needs P < calm_threshold");
+        assert_eq!(s.classify(&sample(0.0, 999)), Reading::Neither, "calm needs A >= floor");
+        let no_floor = Settings { mem_available_floor: None, ..s };
+        assert_eq!(no_floor.classify(&sample(40.0, u64::MAX)), Reading::Over);
+        assert_eq!(no_floor.classify(&sample(0.0, 0)), Reading::Calm);
+    }
+
+    #[test]
+    fn sustain_completes_on_the_exact_sample() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        assert_eq!(st.observe(&s, LEVELS, secs(100), Reading::Over), None);
+        assert_eq!(st.observe(&s, LEVELS, secs(129), Reading::Over), None, "one second short");
+        let step = st.observe(&s, LEVELS, secs(130), Reading::Over).unwrap();
+        assert_eq!(step, Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane });
+    }
+
+    #[test]
+    fn a_neither_sample_ends_both_streaks() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        st.observe(&s, LEVELS, secs(0), Reading::Over);
+        st.observe(&s, LEVELS, secs(20), Reading::Neither);
+        assert_eq!((st.over_since, st.calm_since), (None, None));
+        assert_eq!(st.observe(&s, LEVELS, secs(30), Reading::Over), None, "streak restarted at 30");
+        assert_eq!(st.observe(&s, LEVELS, secs(59), Reading::Over), None);
+        assert!(st.observe(&s, LEVELS, secs(60), Reading::Over).is_some());
+
+        let mut st = State::new(Level::ControlPlane);
+        st.observe(&s, LEVELS, secs(0), Reading::Calm);
+        st.observe(&s, LEVELS, secs(20), Reading::Neither);
+        assert_eq!(st.observe(&s, LEVELS, secs(30), Reading::Calm), None);
+        assert_eq!(st.calm_since, Some(secs(30)));
+    }
+
+    #[test]
+    fn over_ends_calm_and_calm_ends_over() {
+        let s = settings();
+        let mut st = State::new(Level::ControlPlane);
+        st.observe(&s, LEVELS, secs(0), Reading::Calm);
+        st.observe(&s, LEVELS, secs(10), Reading::Over);
+        assert_eq!((st.over_since, st.calm_since), (Some(secs(10)), None));
+        st.observe(&s, LEVELS, secs(20), Reading::Calm);
+        assert_eq!((st.over_since, st.calm_since), (None, Some(secs(20))));
+    }
+
+    #[test]
+    fn cooldown_blocks_a_step_down() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        let steps = feed(&mut st, &s, Reading::Over, 0, 200);
+        // Down at 30 (sustain). The fresh streak starts at 40, sustained at 70, but the
+        // cooldown from 30 runs to 90.
+        assert_eq!(steps.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![30, 90]);
+        assert_eq!(st.level, Level::EtcdOnly);
+    }
+
+    #[test]
+    fn cooldown_blocks_a_step_up_after_a_step_down() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        st.observe(&s, LEVELS, secs(0), Reading::Over);
+        let step = st.observe(&s, LEVELS, secs(30), Reading::Over).unwrap();
+        st.step_ran(secs(30), step.to);
+        // Calm from 40: sustained at 70, cooled only at 90.
+        assert_eq!(st.observe(&s, LEVELS, secs(40), Reading::Calm), None);
+        assert_eq!(st.observe(&s, LEVELS, secs(70), Reading::Calm), None, "sustained but not cooled");
+        assert_eq!(st.observe(&s, LEVELS, secs(89), Reading::Calm), None);
+        let up = st.observe(&s, LEVELS, secs(90), Reading::Calm).unwrap();
+        assert_eq!(up.direction, Direction::Up);
+        assert_eq!((up.from, up.to), (Level::ControlPlane, Level::Full));
+    }
+
+    #[test]
+    fn a_second_step_needs_a_fresh_streak() {
+        let s = Settings { cooldown: Duration::ZERO, ..settings() };
+        let mut st = State::new(Level::Full);
+        st.observe(&s, LEVELS, secs(0), Reading::Over);
+        let step = st.observe(&s, LEVELS, secs(30), Reading::Over).unwrap();
+        st.step_ran(secs(30), step.to);
+        // With no cooldown, the old streak (from 0) must not carry over.
+        assert_eq!(st.observe(&s, LEVELS, secs(40), Reading::Over), None);
+        assert_eq!(st.observe(&s, LEVELS, secs(69), Reading::Over), None);
+        assert_eq!(st.observe(&s, LEVELS, secs(70), Reading::Over).unwrap().to, Level::EtcdOnly);
+    }
+
+    #[test]
+    fn manual_never_steps_up_by_itself() {
+        let s = Settings { step_up: StepUp::Manual, ..settings() };
+        let mut st = State::new(Level::EtcdOnly);
+        assert!(feed(&mut st, &s, Reading::Calm, 0, 100_000).is_empty());
+        assert_eq!(st.level, Level::EtcdOnly);
+        assert_eq!(st.next_step_at(&s, LEVELS), None);
+    }
+
+    #[test]
+    fn never_below_the_lowest_or_above_full() {
+        let s = settings();
+        let mut st = State::new(Level::EtcdOnly);
+        assert!(feed(&mut st, &s, Reading::Over, 0, 10_000).is_empty());
+        let mut st = State::new(Level::Full);
+        assert!(feed(&mut st, &s, Reading::Calm, 0, 10_000).is_empty());
+        // An actuator with fewer levels bounds the steps the same way.
+        let two = [Level::Full, Level::ControlPlane];
+        let mut st = State::new(Level::ControlPlane);
+        st.observe(&s, &two, secs(0), Reading::Over);
+        assert_eq!(st.observe(&s, &two, secs(1000), Reading::Over), None);
+    }
+
+    #[test]
+    fn a_refused_step_changes_nothing_and_is_proposed_again() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        st.observe(&s, LEVELS, secs(0), Reading::Over);
+        let first = st.observe(&s, LEVELS, secs(30), Reading::Over).unwrap();
+        let before = st;
+        // Refused: the caller does not call step_ran.
+        let again = st.observe(&s, LEVELS, secs(40), Reading::Over).unwrap();
+        assert_eq!(first, again);
+        assert_eq!(st, before, "the refusal left the state as the sample made it");
+        assert_eq!(st.last_step, None);
+    }
+
+    #[test]
+    fn a_failed_step_starts_the_cooldown_at_the_old_level() {
+        let s = settings();
+        let mut st = State::new(Level::ControlPlane);
+        st.observe(&s, LEVELS, secs(0), Reading::Over);
+        let step = st.observe(&s, LEVELS, secs(30), Reading::Over).unwrap();
+        st.step_ran(secs(30), step.from); // failed: k3s restored at the previous level
+        assert_eq!(st.level, Level::ControlPlane);
+        assert_eq!(st.observe(&s, LEVELS, secs(40), Reading::Over), None);
+        assert_eq!(st.observe(&s, LEVELS, secs(80), Reading::Over), None, "cooling down");
+        assert!(st.observe(&s, LEVELS, secs(90), Reading::Over).is_some());
+    }
+
+    #[test]
+    fn next_step_at_is_the_later_of_sustain_and_cooldown() {
+        let s = settings();
+        let mut st = State::new(Level::Full);
+        st.observe(&s, LEVELS, secs(5), Reading::Over);
+        assert_eq!(st.next_step_at(&s, LEVELS).unwrap().1, secs(35));
+        st.step_ran(secs(35), Level::ControlPlane);
+        st.observe(&s, LEVELS, secs(40), Reading::Over);
+        assert_eq!(st.next_step_at(&s, LEVELS).unwrap().1, secs(95));
+        st.observe(&s, LEVELS, secs(50), Reading::Neither);
+        assert_eq!(st.next_step_at(&s, LEVELS), None);
+    }
+}

@@ -1,0 +1,37 @@
+//! The `regrade` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use regrade::cli::{Cli, Command};
+use regrade::{config, logging, simulate, status, watch};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("regrade: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let explicit = cli.config.as_os_str() != config::DEFAULT_PATH;
+    let cfg = config::Config::load(&cli.config, explicit)?;
+    match cli.command {
+        Command::CheckConfig => {
+            print!("{}", toml::to_string_pretty(&cfg)?);
+            eprintln!("regrade: {} is valid", cli.config.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate { trace, level } => simulate::run(&cfg, &trace, level),
+        Command::Record { count, interval } => simulate::record(&cfg, count, interval.as_deref()),
+        Command::Status { json } => status::run(&cfg, json),
+        Command::Watch { dry_run } => watch::run(&cfg, dry_run),
+        Command::Step { target } => watch::step_by_hand(&cfg, target),
+    }
+}

@@ -1,0 +1,83 @@
+//! Talking to systemd (`Type=notify`): READY once the first sample is good, STATUS with
+//! the level and the pressure, WATCHDOG pings. The per-sample messages go through a
+//! socket opened once and a stack buffer, so a sample allocates nothing; the `sd-notify`
+//! crate handles the once-only messages and reads the watchdog interval.
+
+use std::io::Write;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::time::Duration;
+
+pub struct Notifier {
+    socket: Option<(UnixDatagram, SocketAddr)>,
+    watchdog: Option<Duration>,
+}
+
+impl Notifier {
+    pub fn from_env() -> Notifier {
+        let socket = std::env::var_os("NOTIFY_SOCKET").and_then(|path| {
+            let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+            let addr = match bytes.strip_prefix(b"@") {
+                Some(name) => SocketAddr::from_abstract_name(name).ok()?,
+                None => SocketAddr::from_pathname(&path).ok()?,
+            };
+            Some((UnixDatagram::unbound().ok()?, addr))
+        });
+        Notifier { socket, watchdog: sd_notify::watchdog_enabled() }
+    }
+
+    /// How often to ping: half the interval systemd asked for.
+    pub fn watchdog_period(&self) -> Option<Duration> {
+        self.watchdog.map(|d| d / 2)
+    }
+
+    pub fn ready(&self) {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    }
+
+    pub fn stopping(&self) {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    }
+
+    pub fn watchdog(&self) {
+        self.send(format_args!("WATCHDOG=1"));
+    }
+
+    /// `STATUS=...`, formatted into a stack buffer (truncated past 256 bytes).
+    pub fn status(&self, args: std::fmt::Arguments<'_>) {
+        self.send(format_args!("STATUS={args}"));
+    }
+
+    fn send(&self, args: std::fmt::Arguments<'_>) {
+        let Some((sock, addr)) = &self.socket else { return };
+        let mut buf = [0u8; 256];
+        let mut cur = std::io::Cursor::new(&mut buf[..]);
+        let _ = cur.write_fmt(args);
+        let n = cur.position() as usize;
+        let _ = sock.send_to_addr(&buf[..n], addr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sends_status_to_the_notify_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let server = UnixDatagram::bind(&path).unwrap();
+        let n = Notifier {
+            socket: Some((UnixDatagram::unbound().unwrap(), SocketAddr::from_pathname(&path).unwrap())),
+            watchdog: Some(Duration::from_secs(30)),
+        };
+        n.status(format_args!("level full, pressure {:.2}%", 12.345));
+        n.watchdog();
+        let mut buf = [0u8; 300];
+        let k = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..k], b"STATUS=level full, pressure 12.35%");
+        let k = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..k], b"WATCHDOG=1");
+        assert_eq!(n.watchdog_period(), Some(Duration::from_secs(15)));
+    }
+}

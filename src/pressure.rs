@@ -1,0 +1,413 @@
+//! Reading memory pressure (SPEC §3): the PSI file and MemAvailable.
+//!
+//! Both files stay open for the life of the sampler and are re-read with `pread` into
+//! fixed buffers, so a sample opens nothing and allocates nothing: on a host that is
+//! thrashing, the watcher must not need memory to notice it.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::config::Metric;
+
+/// The six PSI averages, in percent.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Psi {
+    /// avg10, avg60, avg300 of the `some` line.
+    pub some: [f64; 3],
+    /// avg10, avg60, avg300 of the `full` line.
+    pub full: [f64; 3],
+}
+
+/// One reading of both files.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub psi: Psi,
+    /// MemAvailable, in bytes.
+    pub mem_available: u64,
+}
+
+impl Sample {
+    pub fn metric(&self, m: Metric) -> f64 {
+        match m {
+            Metric::SomeAvg10 => self.psi.some[0],
+            Metric::SomeAvg60 => self.psi.some[1],
+            Metric::SomeAvg300 => self.psi.some[2],
+            Metric::FullAvg10 => self.psi.full[0],
+            Metric::FullAvg60 => self.psi.full[1],
+            Metric::FullAvg300 => self.psi.full[2],
+        }
+    }
+}
+
+/// Why a sample could not be taken.
+#[derive(Debug)]
+pub enum SampleError {
+    /// The kernel has no PSI: the file is missing or reads fail with EOPNOTSUPP. Fatal
+    /// for `watch` and `status` (SPEC §3).
+    PsiUnavailable {
+        path: PathBuf,
+        cause: io::Error,
+    },
+    Io {
+        path: PathBuf,
+        cause: io::Error,
+    },
+    Malformed {
+        path: PathBuf,
+        what: &'static str,
+    },
+}
+
+impl std::fmt::Display for SampleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SampleError::PsiUnavailable { path, cause } => write!(
+                f,
+                "memory pressure (PSI) is unavailable: {}: {cause}. regrade needs a kernel built with \
+                 CONFIG_PSI=y and not booted with psi=0",
+                path.display()
+            ),
+            SampleError::Io { path, cause } => write!(f, "reading {}: {cause}", path.display()),
+            SampleError::Malformed { path, what } => write!(f, "{}: {what}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for SampleError {}
+
+impl SampleError {
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, SampleError::PsiUnavailable { .. })
+    }
+}
+
+/// Something to `pread` from: a `File`, or a test's injected reader.
+pub trait ReadAt {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+}
+
+/// The PSI line is about 60 bytes, two lines 120: 256 is ample.
+const PSI_BUF: usize = 256;
+/// MemAvailable is the third line of /proc/meminfo, but fixture files and other
+/// kernels may order differently; the whole file is about 1.5 KiB.
+const MEMINFO_BUF: usize = 8192;
+
+pub struct Sampler<R: ReadAt = File> {
+    psi_path: PathBuf,
+    meminfo_path: PathBuf,
+    psi: R,
+    meminfo: R,
+    psi_buf: [u8; PSI_BUF],
+    meminfo_buf: Box<[u8; MEMINFO_BUF]>,
+}
+
+impl Sampler<File> {
+    /// Opens both files. A missing PSI file is [`SampleError::PsiUnavailable`].
+    pub fn open(psi: &Path, meminfo: &Path) -> Result<Self, SampleError> {
+        let psi_file = File::open(psi).map_err(|cause| {
+            if cause.kind() == io::ErrorKind::NotFound || is_unsupported(&cause) {
+                SampleError::PsiUnavailable { path: psi.to_path_buf(), cause }
+            } else {
+                SampleError::Io { path: psi.to_path_buf(), cause }
+            }
+        })?;
+        let meminfo_file =
+            File::open(meminfo).map_err(|cause| SampleError::Io { path: meminfo.to_path_buf(), cause })?;
+        Ok(Sampler::with_readers(psi, meminfo, psi_file, meminfo_file))
+    }
+}
+
+fn is_unsupported(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.kind() == io::ErrorKind::Unsupported
+}
+
+impl<R: ReadAt> Sampler<R> {
+    pub fn with_readers(psi_path: &Path, meminfo_path: &Path, psi: R, meminfo: R) -> Self {
+        Sampler {
+            psi_path: psi_path.to_path_buf(),
+            meminfo_path: meminfo_path.to_path_buf(),
+            psi,
+            meminfo,
+            psi_buf: [0; PSI_BUF],
+            meminfo_buf: Box::new([0; MEMINFO_BUF]),
+        }
+    }
+
+    pub fn psi_path(&self) -> &Path {
+        &self.psi_path
+    }
+
+    /// Reads both files once. Allocates nothing on success.
+    pub fn sample(&mut self) -> Result<Sample, SampleError> {
+        let n = read_whole(&self.psi, &mut self.psi_buf).map_err(|cause| {
+            if is_unsupported(&cause) {
+                SampleError::PsiUnavailable { path: self.psi_path.clone(), cause }
+            } else {
+                SampleError::Io { path: self.psi_path.clone(), cause }
+            }
+        })?;
+        let psi = parse_psi(&self.psi_buf[..n])
+            .map_err(|what| SampleError::Malformed { path: self.psi_path.clone(), what })?;
+        let n = read_whole(&self.meminfo, &mut self.meminfo_buf[..])
+            .map_err(|cause| SampleError::Io { path: self.meminfo_path.clone(), cause })?;
+        let mem_available = parse_mem_available(&self.meminfo_buf[..n])
+            .map_err(|what| SampleError::Malformed { path: self.meminfo_path.clone(), what })?;
+        Ok(Sample { psi, mem_available })
+    }
+}
+
+/// `pread`s from offset 0 until the buffer is full or the file ends. A file larger than
+/// the buffer is read as far as it fits: the parsers only need its start.
+fn read_whole<R: ReadAt>(r: &R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read_at(&mut buf[n..], n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Parses `/proc/pressure/memory`:
+/// ```text
+/// some avg10=0.00 avg60=0.00 avg300=0.00 total=0
+/// full avg10=0.00 avg60=0.00 avg300=0.00 total=0
+/// ```
+pub fn parse_psi(text: &[u8]) -> Result<Psi, &'static str> {
+    let mut psi = Psi::default();
+    let (mut seen_some, mut seen_full) = (false, false);
+    for line in text.split(|&b| b == b'\n') {
+        let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+        let (target, seen) = match fields.next() {
+            Some(b"some") => (&mut psi.some, &mut seen_some),
+            Some(b"full") => (&mut psi.full, &mut seen_full),
+            Some(_) => return Err("unexpected line (expected \"some ...\" and \"full ...\")"),
+            None => continue,
+        };
+        let mut got = [false; 3];
+        for field in fields {
+            let Some(eq) = field.iter().position(|&b| b == b'=') else {
+                return Err("a field without '='");
+            };
+            let (key, value) = (&field[..eq], &field[eq + 1..]);
+            let slot = match key {
+                b"avg10" => 0,
+                b"avg60" => 1,
+                b"avg300" => 2,
+                b"total" => continue,
+                _ => return Err("unknown field (expected avg10, avg60, avg300, total)"),
+            };
+            let v = parse_decimal(value).ok_or("an average that is not a number")?;
+            if !(0.0..=100.0).contains(&v) {
+                return Err("an average outside 0..100");
+            }
+            target[slot] = v;
+            got[slot] = true;
+        }
+        if got != [true; 3] {
+            return Err("a line without all of avg10, avg60 and avg300");
+        }
+        *seen = true;
+    }
+    if !seen_some {
+        return Err("no \"some\" line");
+    }
+    if !seen_full {
+        return Err("no \"full\" line");
+    }
+    Ok(psi)
+}
+
+/// Parses a non-negative decimal like `12.34` without allocating.
+fn parse_decimal(s: &[u8]) -> Option<f64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut int: u64 = 0;
+    let mut frac: u64 = 0;
+    let mut frac_div: u64 = 1;
+    let mut in_frac = false;
+    for &b in s {
+        match b {
+            b'0'..=b'9' => {
+                let d = u64::from(b - b'0');
+                if in_frac {
+                    if frac_div < 1_000_000_000 {
+                        frac = frac * 10 + d;
+                        frac_div *= 10;
+                    }
+                } else {
+                    int = int.checked_mul(10)?.checked_add(d)?;
+                }
+            }
+            b'.' if !in_frac => in_frac = true,
+            _ => return None,
+        }
+    }
+    if in_frac && frac_div == 1 {
+        return None;
+    }
+    Some(int as f64 + frac as f64 / frac_div as f64)
+}
+
+/// Finds `MemAvailable:   123456 kB` and returns bytes.
+pub fn parse_mem_available(text: &[u8]) -> Result<u64, &'static str> {
+    for line in text.split(|&b| b == b'\n') {
+        let Some(rest) = line.strip_prefix(b"MemAvailable:") else { continue };
+        let mut fields = rest.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
+        let num = fields.next().ok_or("MemAvailable has no value")?;
+        let mut kb: u64 = 0;
+        for &b in num {
+            if !b.is_ascii_digit() {
+                return Err("MemAvailable is not a whole number");
+            }
+            kb = kb
+                .checked_mul(10)
+                .and_then(|k| k.checked_add(u64::from(b - b'0')))
+                .ok_or("MemAvailable is too large")?;
+        }
+        return match fields.next() {
+            Some(b"kB") => kb.checked_mul(1024).ok_or("MemAvailable is too large"),
+            _ => Err("MemAvailable is not in kB"),
+        };
+    }
+    Err("no MemAvailable line (kernel older than 3.14?)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const PSI: &str = "some avg10=12.50 avg60=3.25 avg300=0.75 total=123456\n\
+                       full avg10=1.00 avg60=0.50 avg300=0.00 total=789\n";
+
+    #[test]
+    fn parses_all_six_averages() {
+        let p = parse_psi(PSI.as_bytes()).unwrap();
+        assert_eq!(p.some, [12.5, 3.25, 0.75]);
+        assert_eq!(p.full, [1.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn rejects_malformed_psi() {
+        for bad in [
+            "",
+            "some avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "full avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "some avg10=1.00 avg60=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "some avg10=x avg60=1.00 avg300=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "some avg10=1.00 avg60=-1.00 avg300=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "some avg10=101.00 avg60=1 avg300=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
+            "cpu avg10=1.00\n",
+            "some avg10 avg60=1 avg300=1\n",
+            "some avg10=1. avg60=1 avg300=1\nfull avg10=1 avg60=1 avg300=1\n",
+        ] {
+            assert!(parse_psi(bad.as_bytes()).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn decimals() {
+        assert_eq!(parse_decimal(b"0.00"), Some(0.0));
+        assert_eq!(parse_decimal(b"99.99"), Some(99.99));
+        assert_eq!(parse_decimal(b"7"), Some(7.0));
+        assert_eq!(parse_decimal(b""), None);
+        assert_eq!(parse_decimal(b"1.2.3"), None);
+        assert_eq!(parse_decimal(b"+1"), None);
+    }
+
+    #[test]
+    fn parses_mem_available() {
+        let m = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\nBuffers: 1 kB\n";
+        assert_eq!(parse_mem_available(m.as_bytes()).unwrap(), 2048 * 1024);
+        assert_eq!(parse_mem_available(b"MemAvailable:\t5 kB").unwrap(), 5120);
+        for bad in [
+            "MemTotal: 1 kB\n",
+            "MemAvailable: \n",
+            "MemAvailable: 12x kB\n",
+            "MemAvailable: 12 MB\n",
+            "MemAvailable: 12\n",
+            "MemAvailable: 99999999999999999999 kB\n",
+        ] {
+            assert!(parse_mem_available(bad.as_bytes()).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn samples_fixture_files_and_sees_rewrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, PSI).unwrap();
+        std::fs::write(&mem, "MemAvailable: 100 kB\n").unwrap();
+        let mut s = Sampler::open(&psi, &mem).unwrap();
+        let a = s.sample().unwrap();
+        assert_eq!(a.metric(Metric::SomeAvg10), 12.5);
+        assert_eq!(a.metric(Metric::FullAvg60), 0.5);
+        assert_eq!(a.mem_available, 100 * 1024);
+        // Rewriting in place (shorter) is seen by the already-open file.
+        let mut f = std::fs::File::create(&psi).unwrap();
+        f.write_all(
+            b"some avg10=1.00 avg60=2.00 avg300=3.00 total=1\nfull avg10=4.00 avg60=5.00 avg300=6.00 total=2\n",
+        )
+        .unwrap();
+        drop(f);
+        let b = s.sample().unwrap();
+        assert_eq!(b.psi.some, [1.0, 2.0, 3.0]);
+        assert_eq!(b.psi.full, [4.0, 5.0, 6.0]);
+    }
+
+    #[test]
+    fn missing_psi_file_names_the_file_and_the_kernel_option() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = dir.path().join("meminfo");
+        std::fs::write(&mem, "MemAvailable: 100 kB\n").unwrap();
+        let psi = dir.path().join("no-such-psi");
+        let e = Sampler::open(&psi, &mem).err().unwrap();
+        assert!(e.is_fatal());
+        let msg = e.to_string();
+        assert!(msg.contains("no-such-psi") && msg.contains("CONFIG_PSI") && msg.contains("psi=0"), "{msg}");
+    }
+
+    struct Unsupported;
+    impl ReadAt for Unsupported {
+        fn read_at(&self, _: &mut [u8], _: u64) -> io::Result<usize> {
+            Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+        }
+    }
+
+    #[test]
+    fn eopnotsupp_is_psi_unavailable() {
+        let mut s = Sampler::with_readers(
+            Path::new("/proc/pressure/memory"),
+            Path::new("/proc/meminfo"),
+            Unsupported,
+            Unsupported,
+        );
+        let e = s.sample().unwrap_err();
+        assert!(e.is_fatal(), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("/proc/pressure/memory") && msg.contains("CONFIG_PSI") && msg.contains("psi=0"), "{msg}");
+    }
+
+    #[test]
+    fn reads_the_real_proc_files_when_present() {
+        if !Path::new("/proc/pressure/memory").exists() {
+            return;
+        }
+        let mut s = Sampler::open(Path::new("/proc/pressure/memory"), Path::new("/proc/meminfo")).unwrap();
+        let a = s.sample().unwrap();
+        assert!(a.mem_available > 0);
+    }
+}

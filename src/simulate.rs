@@ -1,0 +1,246 @@
+//! `simulate` replays a trace through the decision core; `record` writes such a trace
+//! from the live files (SPEC §6). The CSV columns and the JSON lines are a contract.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::config::{Config, Metric};
+use crate::decide::{Settings, State};
+use crate::level::Level;
+use crate::pressure::{Psi, Sample, Sampler};
+
+pub const COLUMNS: [&str; 8] =
+    ["t", "some_avg10", "some_avg60", "some_avg300", "full_avg10", "full_avg60", "full_avg300", "mem_available_kb"];
+
+/// One line of `simulate`'s output.
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct StepLine {
+    pub t: serde_json::Number,
+    pub action: &'static str,
+    pub from: Level,
+    pub to: Level,
+}
+
+pub fn run(cfg: &Config, trace: &Path, level: Level) -> anyhow::Result<ExitCode> {
+    let file = std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    replay(cfg, std::io::BufReader::new(file), level, |line| {
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+        Ok(())
+    })
+    .with_context(|| format!("in {}", trace.display()))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Replays `trace` from `level`, calling `emit` for every step. Every step succeeds.
+pub fn replay(
+    cfg: &Config,
+    trace: impl BufRead,
+    level: Level,
+    mut emit: impl FnMut(StepLine) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let settings = Settings::from_config(cfg);
+    let levels = &Level::ALL[..];
+    let mut state = State::new(level);
+    let mut lines = trace.lines().enumerate();
+    let header = loop {
+        match lines.next() {
+            Some((_, l)) => {
+                let l = l?;
+                if !l.trim().is_empty() {
+                    break l;
+                }
+            }
+            None => bail!("the trace is empty (expected a header row: {})", COLUMNS.join(",")),
+        }
+    };
+    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| names.iter().position(|n| *n == name);
+    for n in &names {
+        if !COLUMNS.contains(n) {
+            bail!("line 1: unknown column {n:?} (columns: {})", COLUMNS.join(","));
+        }
+    }
+    let t_col = col("t").context("line 1: no \"t\" column")?;
+    col(settings.metric.as_str())
+        .with_context(|| format!("line 1: no {:?} column, which pressure.metric names", settings.metric.as_str()))?;
+    let mem_col = col("mem_available_kb");
+    if settings.mem_available_floor.is_some() && mem_col.is_none() {
+        bail!("line 1: no \"mem_available_kb\" column, which pressure.mem_available_floor needs");
+    }
+    let mut last_t = None;
+    for (i, line) in lines {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let lineno = i + 1;
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        if cells.len() != names.len() {
+            bail!("line {lineno}: {} cells, the header has {}", cells.len(), names.len());
+        }
+        let num = |c: usize| -> anyhow::Result<f64> {
+            let v: f64 = cells[c]
+                .parse()
+                .map_err(|_| anyhow::anyhow!("line {lineno}: {}: {:?} is not a number", names[c], cells[c]))?;
+            if !v.is_finite() || v < 0.0 {
+                bail!("line {lineno}: {}: {:?} must be 0 or more", names[c], cells[c]);
+            }
+            Ok(v)
+        };
+        let t = num(t_col)?;
+        if last_t.is_some_and(|l| t < l) {
+            bail!("line {lineno}: t = {t} goes back in time");
+        }
+        last_t = Some(t);
+        let mut sample = Sample { psi: Psi::default(), mem_available: u64::MAX };
+        for m in Metric::ALL {
+            if let Some(c) = col(m.as_str()) {
+                let v = num(c)?;
+                match m {
+                    Metric::SomeAvg10 => sample.psi.some[0] = v,
+                    Metric::SomeAvg60 => sample.psi.some[1] = v,
+                    Metric::SomeAvg300 => sample.psi.some[2] = v,
+                    Metric::FullAvg10 => sample.psi.full[0] = v,
+                    Metric::FullAvg60 => sample.psi.full[1] = v,
+                    Metric::FullAvg300 => sample.psi.full[2] = v,
+                }
+            }
+        }
+        if let Some(c) = mem_col {
+            sample.mem_available = (num(c)? as u64).saturating_mul(1024);
+        }
+        let now = Duration::from_secs_f64(t);
+        if let Some(step) = state.observe(&settings, levels, now, settings.classify(&sample)) {
+            state.step_ran(now, step.to);
+            emit(StepLine {
+                t: seconds(cells[t_col], t),
+                action: step.direction.action(),
+                from: step.from,
+                to: step.to,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// `t` as the trace wrote it: a whole number stays whole.
+fn seconds(text: &str, v: f64) -> serde_json::Number {
+    text.parse::<u64>()
+        .map(serde_json::Number::from)
+        .ok()
+        .or_else(|| serde_json::Number::from_f64(v))
+        .unwrap_or_else(|| serde_json::Number::from(0))
+}
+
+pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyhow::Result<ExitCode> {
+    let period = match interval {
+        Some(s) => crate::units::parse_duration(s).map_err(|e| anyhow::anyhow!("--interval: {e}"))?,
+        None => cfg.pressure.sample_period.0,
+    };
+    let mut sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    writeln!(out, "{}", COLUMNS.join(","))?;
+    out.flush()?;
+    let start = Instant::now();
+    let mut n = 0u64;
+    while count.is_none_or(|c| n < c) {
+        if n > 0 {
+            let due = start + period * u32::try_from(n).unwrap_or(u32::MAX);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
+        let s = sampler.sample()?;
+        let t = start.elapsed().as_secs_f64();
+        let (p, f) = (s.psi.some, s.psi.full);
+        writeln!(out, "{t:.3},{},{},{},{},{},{},{}", p[0], p[1], p[2], f[0], f[1], f[2], s.mem_available / 1024)?;
+        out.flush()?;
+        n += 1;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &str) -> Config {
+        Config::parse(&format!(
+            "[pressure]\nthreshold = 40\ncalm_threshold = 10\nmem_available_floor = \"1MiB\"\n\
+             sample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    fn steps(cfg: &Config, trace: &str, level: Level) -> anyhow::Result<Vec<StepLine>> {
+        let mut v = vec![];
+        replay(cfg, trace.as_bytes(), level, |l| {
+            v.push(l);
+            Ok(())
+        })?;
+        Ok(v)
+    }
+
+    #[test]
+    fn replays_over_then_calm() {
+        let mut trace = String::from("mem_available_kb,t,some_avg10\n");
+        for t in (0..=200).step_by(10) {
+            trace += &format!("100,{t},50\n");
+        }
+        for t in (210..=400).step_by(10) {
+            trace += &format!("4096,{t},1.5\n");
+        }
+        let got = steps(&cfg(""), &trace, Level::Full).unwrap();
+        let json: Vec<String> = got.iter().map(|l| serde_json::to_string(l).unwrap()).collect();
+        assert_eq!(
+            json,
+            [
+                r#"{"t":30,"action":"step-down","from":"full","to":"control-plane"}"#,
+                r#"{"t":90,"action":"step-down","from":"control-plane","to":"etcd-only"}"#,
+                r#"{"t":240,"action":"step-up","from":"etcd-only","to":"control-plane"}"#,
+                r#"{"t":300,"action":"step-up","from":"control-plane","to":"full"}"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn start_level_and_manual_mode() {
+        let trace = "t,some_avg10,mem_available_kb\n0,0,4096\n100,0,4096\n";
+        let got = steps(&cfg(""), trace, Level::EtcdOnly).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].from, got[0].to), (Level::EtcdOnly, Level::ControlPlane));
+        let manual = Config::parse("step_up = \"manual\"\n").unwrap();
+        assert!(steps(&manual, trace, Level::EtcdOnly).unwrap().is_empty());
+    }
+
+    #[test]
+    fn bad_traces_name_line_and_column() {
+        let c = cfg("");
+        let e = |t: &str| format!("{:#}", steps(&c, t, Level::Full).unwrap_err());
+        assert!(e("").contains("empty"));
+        assert!(e("t,some_avg10,bogus\n").contains("bogus"));
+        assert!(e("t,mem_available_kb\n").contains("some_avg10"));
+        assert!(e("t,some_avg10\n").contains("mem_available_kb"));
+        let msg = e("t,some_avg10,mem_available_kb\n0,1,1\n5,x,1\n");
+        assert!(msg.contains("line 3") && msg.contains("some_avg10"), "{msg}");
+        assert!(e("t,some_avg10,mem_available_kb\n10,1,1\n5,1,1\n").contains("back in time"));
+        assert!(e("t,some_avg10,mem_available_kb\n10,1\n").contains("line 2"));
+        assert!(e("t,some_avg10,mem_available_kb\n10,-1,1\n").contains("0 or more"));
+    }
+
+    #[test]
+    fn fractional_times_stay_fractional() {
+        let mut trace = String::from("t,some_avg10,mem_available_kb\n");
+        for i in 0..=40 {
+            trace += &format!("{}.5,90,1\n", i);
+        }
+        let got = steps(&cfg(""), &trace, Level::Full).unwrap();
+        assert_eq!(serde_json::to_string(&got[0].t).unwrap(), "30.5");
+    }
+}

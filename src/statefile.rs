@@ -1,0 +1,106 @@
+//! What `watch` publishes for `status`: its streaks, last step and last refusal, with
+//! wall-clock times. Written atomically, and only when something in it changes, so a
+//! calm sample writes nothing.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::decide::State;
+use crate::level::Level;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Published {
+    pub pid: u32,
+    pub level: Option<Level>,
+    /// Seconds since the Unix epoch.
+    pub over_since: Option<f64>,
+    pub calm_since: Option<f64>,
+    pub last_step: Option<LastStep>,
+    pub refusal: Option<PublishedRefusal>,
+    pub dry_run: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LastStep {
+    pub at: f64,
+    pub action: String,
+    pub from: Level,
+    pub to: Level,
+    /// "done", or "failed: <why>".
+    pub result: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PublishedRefusal {
+    pub since: f64,
+    pub kind: String,
+    pub message: String,
+}
+
+pub fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+impl Published {
+    /// The core's state with times made absolute: `origin` is the wall-clock time of
+    /// the core's time zero.
+    pub fn set_state(&mut self, state: &State, origin: SystemTime) {
+        let at = |d: Duration| unix(origin + d);
+        self.level = Some(state.level);
+        self.over_since = state.over_since.map(at);
+        self.calm_since = state.calm_since.map(at);
+    }
+
+    /// The core's state on a Unix-epoch time axis, for `status`'s arithmetic.
+    pub fn state(&self) -> Option<State> {
+        let d = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        Some(State {
+            level: self.level?,
+            over_since: self.over_since.map(d),
+            calm_since: self.calm_since.map(d),
+            last_step: self.last_step.as_ref().map(|l| d(l.at)),
+        })
+    }
+
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// The published state, if the `watch` that wrote it is still running.
+    pub fn read_live(path: &Path) -> Option<Published> {
+        let p: Published = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        // kill(pid, 0) tests that the process exists without signalling it.
+        let alive = p.pid != 0 && unsafe { libc::kill(p.pid as libc::pid_t, 0) } == 0;
+        alive.then_some(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_ignores_dead_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/state.json");
+        let origin = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut st = State::new(Level::ControlPlane);
+        st.over_since = Some(Duration::from_secs(30));
+        let mut p = Published { pid: std::process::id(), ..Default::default() };
+        p.set_state(&st, origin);
+        p.write(&path).unwrap();
+        let back = Published::read_live(&path).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(back.state().unwrap().over_since, Some(Duration::from_secs(1_000_030)));
+        // A pid that cannot exist: the file is stale.
+        Published { pid: i32::MAX as u32, ..p }.write(&path).unwrap();
+        assert!(Published::read_live(&path).is_none());
+    }
+}

@@ -1,0 +1,175 @@
+//! `status [--json]`: the level, the pressure now, what `watch` has seen (streaks, last
+//! step, last refusal), when the next step could happen, and what would refuse it.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use crate::backend;
+use crate::config::Config;
+use crate::decide::{Reading, Settings};
+use crate::level::Level;
+use crate::pressure::{Psi, Sampler};
+use crate::statefile::{self, LastStep, Published, PublishedRefusal};
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub level: Level,
+    pub metric: &'static str,
+    pub pressure: f64,
+    pub threshold: f64,
+    pub calm_threshold: f64,
+    pub mem_available: u64,
+    pub mem_available_floor: Option<u64>,
+    pub reading: Reading,
+    pub psi: PsiJson,
+    pub step_up: crate::config::StepUp,
+    /// Whether a `watch` is running and has published its state.
+    pub watch_running: bool,
+    pub over_since: Option<f64>,
+    pub calm_since: Option<f64>,
+    pub last_step: Option<LastStep>,
+    pub next_step: Option<NextStep>,
+    /// The refusal `watch` last met, if its step is still refused.
+    pub refusal: Option<PublishedRefusal>,
+    /// What the cluster would refuse the next step for, asked now (read only).
+    pub would_refuse: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PsiJson {
+    pub some_avg10: f64,
+    pub some_avg60: f64,
+    pub some_avg300: f64,
+    pub full_avg10: f64,
+    pub full_avg60: f64,
+    pub full_avg300: f64,
+}
+
+impl From<Psi> for PsiJson {
+    fn from(p: Psi) -> Self {
+        PsiJson {
+            some_avg10: p.some[0],
+            some_avg60: p.some[1],
+            some_avg300: p.some[2],
+            full_avg10: p.full[0],
+            full_avg60: p.full[1],
+            full_avg300: p.full[2],
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct NextStep {
+    pub action: &'static str,
+    pub to: Level,
+    /// Seconds since the Unix epoch.
+    pub at: f64,
+    pub in_seconds: f64,
+}
+
+pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
+    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.sample()?;
+    let settings = Settings::from_config(cfg);
+    let published = Published::read_live(&cfg.state_file);
+    let status = crate::watch::runtime()?.block_on(async {
+        let level = match backend::observed_level(cfg).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "could not read the level; assuming full");
+                Level::Full
+            }
+        };
+        let now = statefile::unix(SystemTime::now());
+        let state = published.as_ref().and_then(Published::state);
+        let next_step = state.and_then(|s| {
+            let (step, at) = s.next_step_at(&settings, &Level::ALL)?;
+            let at = at.as_secs_f64();
+            Some((step, NextStep { action: step.direction.action(), to: step.to, at, in_seconds: (at - now).max(0.0) }))
+        });
+        let would_refuse = match &next_step {
+            Some((step, _)) => preflight(cfg, step).await,
+            None => None,
+        };
+        Status {
+            level,
+            metric: settings.metric.as_str(),
+            pressure: sample.metric(settings.metric),
+            threshold: settings.threshold,
+            calm_threshold: settings.calm_threshold,
+            mem_available: sample.mem_available,
+            mem_available_floor: settings.mem_available_floor,
+            reading: settings.classify(&sample),
+            psi: sample.psi.into(),
+            step_up: settings.step_up,
+            watch_running: published.is_some(),
+            over_since: published.as_ref().and_then(|p| p.over_since),
+            calm_since: published.as_ref().and_then(|p| p.calm_since),
+            last_step: published.as_ref().and_then(|p| p.last_step.clone()),
+            next_step: next_step.map(|(_, n)| n),
+            refusal: published.as_ref().and_then(|p| p.refusal.clone()),
+            would_refuse,
+        }
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&status, statefile::unix(SystemTime::now())));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks the cluster, read only, what would refuse `step`. Unreachable: says so.
+async fn preflight(cfg: &Config, step: &crate::decide::Step) -> Option<String> {
+    match crate::cluster::connect(cfg).await {
+        Ok(c) => c.preflight(step).await.err().map(|r| r.to_string()),
+        Err(e) => Some(format!("cluster not reachable: {e:#}")),
+    }
+}
+
+fn ago(now: f64, t: f64) -> String {
+    crate::units::format_duration(Duration::from_secs((now - t).max(0.0) as u64))
+}
+
+pub fn render(s: &Status, now: f64) -> String {
+    let mut o = String::new();
+    let floor = s.mem_available_floor.map_or("none".to_string(), |f| format!("{} MiB", f >> 20));
+    o += &format!("level:          {}\n", s.level);
+    o += &format!(
+        "pressure:       {} {:.2}% (over at >= {}, calm below {})\n",
+        s.metric, s.pressure, s.threshold, s.calm_threshold
+    );
+    o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
+    o += &format!("this sample:    {:?}\n", s.reading);
+    o += &format!("step up:        {:?}\n", s.step_up);
+    if !s.watch_running {
+        o += "watch:          not running (no streaks to show)\n";
+    } else {
+        match (s.over_since, s.calm_since) {
+            (Some(t), _) => o += &format!("streak:         over for {}\n", ago(now, t)),
+            (_, Some(t)) => o += &format!("streak:         calm for {}\n", ago(now, t)),
+            _ => o += "streak:         none\n",
+        }
+    }
+    match &s.last_step {
+        Some(l) => {
+            o += &format!("last step:      {} {} -> {}, {} ago: {}\n", l.action, l.from, l.to, ago(now, l.at), l.result)
+        }
+        None => o += "last step:      none\n",
+    }
+    match &s.next_step {
+        Some(n) if n.in_seconds > 0.0 => {
+            o += &format!("next step:      {} to {} in {}s if the streak holds\n", n.action, n.to, n.in_seconds.ceil())
+        }
+        Some(n) => o += &format!("next step:      {} to {} due now\n", n.action, n.to),
+        None => o += "next step:      none due\n",
+    }
+    if let Some(r) = &s.refusal {
+        o += &format!("refused:        {} (since {} ago)\n", r.message, ago(now, r.since));
+    }
+    if let Some(w) = &s.would_refuse {
+        o += &format!("would refuse:   {w}\n");
+    }
+    o
+}

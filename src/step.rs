@@ -1,0 +1,220 @@
+//! Running one step (SPEC §3 step 5, §4): the edge between the pure core and the
+//! world. Takes the Lease (with the peer check), marks the Node and applies the level
+//! in the order that keeps the Node's marks true, renews the Lease while the actuator
+//! works, releases it as soon as the step returns, and records an Event.
+
+use crate::actuator::Actuator;
+use crate::cluster::{Cluster, Refusal, StepEvent};
+use crate::config::LevelsConfig;
+use crate::decide::{Direction, Step};
+use crate::level::Level;
+
+#[derive(Debug)]
+pub enum Outcome {
+    /// The step ran and k3s is at `step.to`.
+    Done,
+    /// The step ran and failed; k3s is at `level` (normally `step.from`, restored).
+    Failed { level: Level, error: anyhow::Error },
+    /// The step did not run; nothing changed.
+    Refused(Refusal),
+}
+
+impl Outcome {
+    /// The level k3s is at after a step that ran; `None` when it was refused.
+    pub fn level_after(&self, step: &Step) -> Option<Level> {
+        match self {
+            Outcome::Done => Some(step.to),
+            Outcome::Failed { level, .. } => Some(*level),
+            Outcome::Refused(_) => None,
+        }
+    }
+}
+
+pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster, levels: &LevelsConfig) -> Outcome {
+    if let Err(refusal) = cluster.acquire(step).await {
+        return Outcome::Refused(refusal);
+    }
+    let result = tokio::select! {
+        r = apply(step, actuator, cluster, levels) => r,
+        lost = cluster.hold() => Err(lost.context("lost the Lease while stepping")),
+    };
+    cluster.release().await;
+    match result {
+        Ok(()) => {
+            cluster.record(StepEvent::Done(step)).await;
+            Outcome::Done
+        }
+        Err(error) => {
+            let level = actuator.current_level().await.unwrap_or(step.from);
+            let text = format!("{error:#}");
+            cluster.record(StepEvent::Failed(step, &text)).await;
+            Outcome::Failed { level, error }
+        }
+    }
+}
+
+/// Down: mark first (cordon and taint free memory before a restart), then apply.
+/// Up: apply first, then mark, so the Node never claims a level k3s is not at yet.
+/// If applying fails, the marks go back to the level the actuator restored.
+async fn apply(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    cluster: &dyn Cluster,
+    levels: &LevelsConfig,
+) -> anyhow::Result<()> {
+    match step.direction {
+        Direction::Down => {
+            cluster.mark_node(step.to, levels).await?;
+            if let Err(e) = actuator.apply_level(step.to, cluster).await {
+                let back = actuator.current_level().await.unwrap_or(step.from);
+                if let Err(m) = cluster.mark_node(back, levels).await {
+                    tracing::error!(error = %format!("{m:#}"), level = %back, "could not put the Node's marks back");
+                }
+                return Err(e);
+            }
+            Ok(())
+        }
+        Direction::Up => {
+            actuator.apply_level(step.to, cluster).await?;
+            cluster.mark_node(step.to, levels).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actuator::NodeReadiness;
+    use async_trait::async_trait;
+    use std::cell::RefCell;
+    use std::time::{Duration, SystemTime};
+
+    /// Records every call in order, so tests can check the order of effects.
+    #[derive(Default)]
+    struct Log(RefCell<Vec<String>>);
+    impl Log {
+        fn push(&self, s: impl Into<String>) {
+            self.0.borrow_mut().push(s.into());
+        }
+        fn take(&self) -> Vec<String> {
+            self.0.take()
+        }
+    }
+
+    struct FakeActuator<'a> {
+        level: Level,
+        fail: bool,
+        log: &'a Log,
+    }
+
+    #[async_trait(?Send)]
+    impl Actuator for FakeActuator<'_> {
+        fn levels(&self) -> &[Level] {
+            &Level::ALL
+        }
+        async fn current_level(&self) -> anyhow::Result<Level> {
+            Ok(self.level)
+        }
+        async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+            self.log.push(format!("apply {level}"));
+            if self.fail {
+                anyhow::bail!("restart never became healthy; restored {}", self.level);
+            }
+            self.level = level;
+            Ok(())
+        }
+    }
+
+    struct FakeCluster<'a> {
+        refuse: Option<Refusal>,
+        log: &'a Log,
+    }
+
+    #[async_trait(?Send)]
+    impl NodeReadiness for FakeCluster<'_> {
+        async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait(?Send)]
+    impl Cluster for FakeCluster<'_> {
+        async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
+            self.refuse.clone().map_or(Ok(()), Err)
+        }
+        async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
+            self.log.push("acquire");
+            self.refuse.clone().map_or(Ok(()), Err)
+        }
+        async fn hold(&self) -> anyhow::Error {
+            std::future::pending().await
+        }
+        async fn release(&self) {
+            self.log.push("release");
+        }
+        async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
+            self.log.push(format!("mark {level}"));
+            Ok(())
+        }
+        async fn record(&self, e: StepEvent<'_>) {
+            self.log.push(match e {
+                StepEvent::Done(_) => "event done",
+                StepEvent::Failed(..) => "event failed",
+                StepEvent::Refused(..) => "event refused",
+            });
+        }
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    }
+
+    const DOWN: Step = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+    const UP: Step = Step { direction: Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
+
+    #[test]
+    fn down_marks_before_applying_and_releases_after() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
+        let c = FakeCluster { refuse: None, log: &log };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert!(matches!(out, Outcome::Done));
+        assert_eq!(log.take(), ["acquire", "mark etcd-only", "apply etcd-only", "release", "event done"]);
+        assert_eq!(a.level, Level::EtcdOnly);
+    }
+
+    #[test]
+    fn up_applies_before_marking() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::EtcdOnly, fail: false, log: &log };
+        let c = FakeCluster { refuse: None, log: &log };
+        let out = block_on(run(&UP, &mut a, &c, &LevelsConfig::default()));
+        assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
+        assert_eq!(log.take(), ["acquire", "apply control-plane", "mark control-plane", "release", "event done"]);
+    }
+
+    #[test]
+    fn a_failed_down_step_puts_the_marks_back() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: true, log: &log };
+        let c = FakeCluster { refuse: None, log: &log };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
+        assert_eq!(
+            log.take(),
+            ["acquire", "mark etcd-only", "apply etcd-only", "mark control-plane", "release", "event failed"]
+        );
+    }
+
+    #[test]
+    fn a_refused_step_touches_nothing() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
+        let refusal = Refusal { kind: "lease-held", message: "held by server-2".into() };
+        let c = FakeCluster { refuse: Some(refusal.clone()), log: &log };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert!(matches!(out, Outcome::Refused(r) if r == refusal));
+        assert_eq!(log.take(), ["acquire"]);
+        assert_eq!(a.level, Level::ControlPlane);
+    }
+}

@@ -1,0 +1,269 @@
+//! `watch`, the daemon, and `step`, by hand: the loop at the edge that feeds samples
+//! to the core and runs the steps it proposes.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::MissedTickBehavior;
+
+use crate::backend::{self, Backend};
+use crate::cli::StepTarget;
+use crate::cluster::StepEvent;
+use crate::config::Config;
+use crate::decide::{Direction, Settings, State, Step};
+use crate::level::Level;
+use crate::notify::Notifier;
+use crate::pressure::Sampler;
+use crate::statefile::{self, LastStep, Published, PublishedRefusal};
+use crate::step::{self, Outcome};
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    // One thread is plenty: one sample at a time, one step at a time.
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+/// Locks the daemon's memory so a thrashing host cannot page it out. `MCL_ONFAULT`
+/// locks pages as they are touched, so code never run (most of the binary) costs nothing.
+fn lock_memory() {
+    let flags = libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT;
+    // SAFETY: mlockall takes flags only and changes no Rust-visible state.
+    if unsafe { libc::mlockall(flags) } != 0 {
+        let e = std::io::Error::last_os_error();
+        tracing::warn!(error = %e, "could not lock memory (mlockall); going on unlocked (needs CAP_IPC_LOCK)");
+    }
+}
+
+pub fn run(cfg: &Config, dry_run: bool) -> anyhow::Result<ExitCode> {
+    // Open the files first: no PSI means stop at once (SPEC §3).
+    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
+    lock_memory();
+    runtime()?.block_on(async {
+        let backend = if dry_run { backend::dry_run(cfg).await } else { backend::real(cfg).await? };
+        Watcher::new(cfg, backend, sampler, dry_run).await?.run().await
+    })
+}
+
+struct Watcher<'a> {
+    cfg: &'a Config,
+    backend: Backend,
+    sampler: Sampler,
+    settings: Settings,
+    levels: Vec<Level>,
+    state: State,
+    notifier: Notifier,
+    published: Published,
+    origin: Instant,
+    wall_origin: SystemTime,
+}
+
+impl<'a> Watcher<'a> {
+    async fn new(cfg: &'a Config, backend: Backend, sampler: Sampler, dry_run: bool) -> anyhow::Result<Watcher<'a>> {
+        let levels = backend.actuator.levels().to_vec();
+        let level = backend.actuator.current_level().await.context("reading the current level")?;
+        let published = Published { pid: std::process::id(), dry_run, ..Default::default() };
+        tracing::info!(level = %level, dry_run, "regrade watch starting");
+        Ok(Watcher {
+            cfg,
+            backend,
+            sampler,
+            settings: Settings::from_config(cfg),
+            levels,
+            state: State::new(level),
+            notifier: Notifier::from_env(),
+            published,
+            origin: Instant::now(),
+            wall_origin: SystemTime::now(),
+        })
+    }
+
+    async fn run(mut self) -> anyhow::Result<ExitCode> {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut ticks = tokio::time::interval(self.cfg.pressure.sample_period.0);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut ready = false;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+            let t = self.origin.elapsed();
+            let sample = match self.sampler.sample() {
+                Ok(s) => s,
+                Err(e) if e.is_fatal() => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sample failed; trying again next period");
+                    continue;
+                }
+            };
+            let reading = self.settings.classify(&sample);
+            let pressure = sample.metric(self.settings.metric);
+            let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+            if !ready {
+                self.notifier.ready();
+                ready = true;
+            }
+            self.notifier.status(format_args!(
+                "level {}, {} {:.2}%, MemAvailable {} MiB",
+                self.state.level,
+                self.settings.metric.as_str(),
+                pressure,
+                sample.mem_available >> 20
+            ));
+            self.notifier.watchdog();
+            tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
+            if let Some(step) = proposed {
+                tracing::info!(
+                    level = %step.from, to = %step.to, pressure, available = sample.mem_available,
+                    decision = step.direction.action(), "stepping"
+                );
+                let outcome = self.run_step(&step).await;
+                self.settle(t, &step, outcome).await;
+            }
+            self.publish();
+        }
+        self.notifier.stopping();
+        tracing::info!("regrade watch stopping");
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
+    async fn run_step(&mut self, step: &Step) -> Outcome {
+        let Backend { actuator, cluster } = &mut self.backend;
+        let fut = step::run(step, actuator.as_mut(), cluster.as_ref(), &self.cfg.levels);
+        tokio::pin!(fut);
+        let mut wd = tokio::time::interval(self.notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = wd.tick() => self.notifier.watchdog(),
+            }
+        }
+    }
+
+    /// Feeds a step's outcome back to the core and the published state.
+    async fn settle(&mut self, t: Duration, step: &Step, outcome: Outcome) {
+        let now = statefile::unix(SystemTime::now());
+        match &outcome {
+            Outcome::Refused(r) => {
+                // Logged and recorded as an Event only when the reason changes.
+                let changed = self.published.refusal.as_ref().is_none_or(|p| p.message != r.message);
+                if changed {
+                    tracing::warn!(kind = r.kind, reason = %r.message, decision = step.direction.action(), "step refused");
+                    self.backend.cluster.record(StepEvent::Refused(step, r)).await;
+                    self.published.refusal =
+                        Some(PublishedRefusal { since: now, kind: r.kind.to_string(), message: r.message.clone() });
+                }
+                return;
+            }
+            Outcome::Done => tracing::info!(level = %step.to, decision = step.direction.action(), "step done"),
+            Outcome::Failed { level, error } => {
+                tracing::error!(level = %level, error = %format!("{error:#}"), decision = step.direction.action(), "step failed")
+            }
+        }
+        let level = outcome.level_after(step).unwrap_or(step.from);
+        self.state.step_ran(t, level);
+        self.published.refusal = None;
+        self.published.last_step = Some(LastStep {
+            at: statefile::unix(self.wall_origin + t),
+            action: step.direction.action().to_string(),
+            from: step.from,
+            to: step.to,
+            result: match &outcome {
+                Outcome::Failed { error, .. } => format!("failed: {error:#}"),
+                _ => "done".to_string(),
+            },
+        });
+    }
+
+    /// Writes the state file when it changed (never on an unchanged calm sample).
+    fn publish(&mut self) {
+        let before = self.published.clone();
+        self.published.set_state(&self.state, self.wall_origin);
+        if self.published != before {
+            if let Err(e) = self.published.write(&self.cfg.state_file) {
+                tracing::warn!(error = %e, path = %self.cfg.state_file.display(), "could not write the state file");
+            }
+        }
+    }
+}
+
+/// `regrade step up|down|to LEVEL`: the same Lease and peer check, never reads PSI.
+pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let Backend { mut actuator, cluster } = backend::real(cfg).await?;
+        let levels = actuator.levels().to_vec();
+        loop {
+            let current = actuator.current_level().await?;
+            let step = match next_hand_step(current, target, &levels)? {
+                Some(step) => step,
+                None => {
+                    println!("at {current}");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
+            println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
+            match step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels).await {
+                Outcome::Done => println!("now at {}", step.to),
+                Outcome::Refused(r) => {
+                    cluster.record(StepEvent::Refused(&step, &r)).await;
+                    anyhow::bail!("refused: {r}");
+                }
+                Outcome::Failed { level, error } => {
+                    anyhow::bail!("{} failed, k3s is at {level}: {error:#}", step.direction.action())
+                }
+            }
+            if !matches!(target, StepTarget::To { .. }) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    })
+}
+
+/// The next one-level step towards `target` from `current`; `None` when there.
+fn next_hand_step(current: Level, target: StepTarget, levels: &[Level]) -> anyhow::Result<Option<Step>> {
+    let direction = match target {
+        StepTarget::Down => Direction::Down,
+        StepTarget::Up => Direction::Up,
+        StepTarget::To { level } => {
+            let (Some(c), Some(l)) = (current.index_in(levels), level.index_in(levels)) else {
+                anyhow::bail!("this actuator does not support level {level}");
+            };
+            match l.cmp(&c) {
+                std::cmp::Ordering::Equal => return Ok(None),
+                std::cmp::Ordering::Greater => Direction::Down,
+                std::cmp::Ordering::Less => Direction::Up,
+            }
+        }
+    };
+    match Step::from_level(current, direction, levels) {
+        Some(s) => Ok(Some(s)),
+        None if matches!(target, StepTarget::To { .. }) => Ok(None),
+        None => anyhow::bail!(
+            "already at {current}: there is no level {}",
+            if direction == Direction::Down { "below" } else { "above" }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: &[Level] = &Level::ALL;
+
+    #[test]
+    fn hand_steps_go_one_level_at_a_time() {
+        let s = next_hand_step(Level::Full, StepTarget::To { level: Level::EtcdOnly }, L).unwrap().unwrap();
+        assert_eq!((s.from, s.to), (Level::Full, Level::ControlPlane));
+        let s = next_hand_step(Level::EtcdOnly, StepTarget::To { level: Level::Full }, L).unwrap().unwrap();
+        assert_eq!((s.direction, s.to), (Direction::Up, Level::ControlPlane));
+        assert!(next_hand_step(Level::Full, StepTarget::To { level: Level::Full }, L).unwrap().is_none());
+        assert!(next_hand_step(Level::Full, StepTarget::Up, L).is_err());
+        assert!(next_hand_step(Level::EtcdOnly, StepTarget::Down, L).is_err());
+        assert_eq!(next_hand_step(Level::ControlPlane, StepTarget::Up, L).unwrap().unwrap().to, Level::Full);
+    }
+}

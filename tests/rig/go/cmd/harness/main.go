@@ -1,0 +1,272 @@
+// Command harness runs a throwaway Kubernetes control plane for regrade's
+// tests, and mints credentials for it. TEST CODE.
+//
+//	harness run [--bin-dir DIR] [--dir DIR]
+//	    Starts etcd and kube-apiserver (binaries from --bin-dir, default: this
+//	    executable's dir) on free 127.0.0.1 ports, with generated certs, a
+//	    service-account key, --authorization-mode=Node,RBAC, --anonymous-auth=false.
+//	    Prints the admin kubeconfig path (client cert in group system:masters)
+//	    as its FIRST stdout line once /readyz answers 200, then KEY=VALUE lines
+//	    (SERVER, CA, CERT, KEY, DIR, ETCD). Stays in the foreground until
+//	    SIGTERM/SIGINT (or until etcd/apiserver dies, exit 1), then stops both
+//	    and removes its temp dir (unless --dir was given).
+//	harness certs DIR [--host H]... [--server URL]
+//	    Creates what is missing of a cert dir (ca, apiserver serving cert for
+//	    127.0.0.1/localhost plus each --host, sa key pair, admin client cert) and,
+//	    with --server, DIR/admin.kubeconfig. Used to share certs between stand-ins.
+//	harness mint-sa ADMIN_KUBECONFIG NAMESPACE SA OUT [--duration 1h]
+//	    Creates the namespace and ServiceAccount if missing, gets a token with
+//	    the TokenRequest API and writes a kubeconfig using it to OUT.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"regrade.test/rig/internal/kube"
+)
+
+func die(f string, a ...any) { fmt.Fprintf(os.Stderr, "harness: "+f+"\n", a...); os.Exit(1) }
+
+func main() {
+	if len(os.Args) < 2 {
+		die("usage: harness run|certs|mint-sa ...")
+	}
+	switch os.Args[1] {
+	case "run":
+		run(os.Args[2:])
+	case "certs":
+		certs(os.Args[2:])
+	case "mint-sa":
+		mintSA(os.Args[2:])
+	default:
+		die("unknown subcommand %q", os.Args[1])
+	}
+}
+
+type list []string
+
+func (l *list) String() string     { return strings.Join(*l, ",") }
+func (l *list) Set(v string) error { *l = append(*l, v); return nil }
+
+func certs(args []string) {
+	fs := flag.NewFlagSet("certs", flag.ExitOnError)
+	var hosts list
+	fs.Var(&hosts, "host", "extra IP/DNS name for the serving cert (repeatable)")
+	server := fs.String("server", "", "write DIR/admin.kubeconfig for this server URL")
+	if len(args) < 1 {
+		die("usage: harness certs DIR [--host H]... [--server URL]")
+	}
+	dir := args[0]
+	fs.Parse(args[1:])
+	if err := kube.EnsureCerts(dir, hosts); err != nil {
+		die("%v", err)
+	}
+	if *server != "" {
+		if err := kube.WriteAdminKubeconfig(filepath.Join(dir, "admin.kubeconfig"), dir, *server); err != nil {
+			die("%v", err)
+		}
+	}
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		die("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func run(args []string) {
+	self, _ := os.Executable()
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	binDir := fs.String("bin-dir", filepath.Dir(self), "dir with etcd and kube-apiserver")
+	keep := fs.String("dir", "", "work dir to use and keep (default: a temp dir, removed at exit)")
+	fs.Parse(args)
+	dir := *keep
+	if dir == "" {
+		d, err := os.MkdirTemp("", "regrade-kube-")
+		if err != nil {
+			die("%v", err)
+		}
+		dir = d
+		defer os.RemoveAll(dir)
+	}
+	os.MkdirAll(dir, 0o700)
+	certDir := filepath.Join(dir, "pki")
+	if err := kube.EnsureCerts(certDir, nil); err != nil {
+		die("certs: %v", err)
+	}
+	cport, pport, mport, aport := freePort(), freePort(), freePort(), freePort()
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", cport)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", pport)
+	server := fmt.Sprintf("https://127.0.0.1:%d", aport)
+	kc := filepath.Join(dir, "admin.kubeconfig")
+	if err := kube.WriteAdminKubeconfig(kc, certDir, server); err != nil {
+		die("%v", err)
+	}
+
+	logf, err := os.Create(filepath.Join(dir, "harness.log"))
+	if err != nil {
+		die("%v", err)
+	}
+	start := func(name string, a ...string) *exec.Cmd {
+		c := exec.Command(filepath.Join(*binDir, name), a...)
+		c.Stdout, c.Stderr = logf, logf
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := c.Start(); err != nil {
+			die("start %s: %v", name, err)
+		}
+		return c
+	}
+	etcd := start("etcd", "--name=harness", "--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=harness="+peerURL, "--initial-cluster-state=new",
+		fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", mport), "--log-level=warn")
+	api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
+	procs := []*exec.Cmd{api, etcd}
+	stop := func() {
+		for _, c := range procs {
+			c.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				c.Process.Kill()
+				<-done
+			}
+		}
+	}
+	died := make(chan string, 2)
+	go func() { etcd.Wait(); died <- "etcd" }()
+	go func() { api.Wait(); died <- "kube-apiserver" }()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+
+	// Wait for /readyz with the admin cert.
+	cert, err := tls.LoadX509KeyPair(filepath.Join(certDir, kube.AdminCert), filepath.Join(certDir, kube.AdminKey))
+	if err != nil {
+		die("%v", err)
+	}
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(filepath.Join(certDir, kube.CACert))
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		resp, err := hc.Get(server + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		select {
+		case n := <-died:
+			stop()
+			b, _ := os.ReadFile(logf.Name())
+			die("%s exited before ready; log:\n%s", n, tail(string(b), 4000))
+		case <-sigs:
+			stop()
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			die("kube-apiserver not ready after 3m; log in %s", logf.Name())
+		}
+	}
+	fmt.Println(kc)
+	fmt.Printf("SERVER=%s\nCA=%s\nCERT=%s\nKEY=%s\nDIR=%s\nETCD=%s\nLOG=%s\n", server,
+		filepath.Join(certDir, kube.CACert), filepath.Join(certDir, kube.AdminCert),
+		filepath.Join(certDir, kube.AdminKey), dir, etcdURL, logf.Name())
+	os.Stdout.Sync()
+	select {
+	case <-sigs:
+		stop()
+	case n := <-died:
+		fmt.Fprintf(os.Stderr, "harness: %s died; stopping\n", n)
+		stop()
+		if *keep == "" {
+			os.RemoveAll(dir)
+		}
+		os.Exit(1)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func mintSA(args []string) {
+	fs := flag.NewFlagSet("mint-sa", flag.ExitOnError)
+	dur := fs.Duration("duration", time.Hour, "token lifetime (min 10m)")
+	if len(args) < 4 {
+		die("usage: harness mint-sa ADMIN_KUBECONFIG NAMESPACE SA OUT [--duration 1h]")
+	}
+	admin, ns, sa, out := args[0], args[1], args[2], args[3]
+	fs.Parse(args[4:])
+	raw, err := clientcmd.LoadFromFile(admin)
+	if err != nil {
+		die("%v", err)
+	}
+	cfg, err := clientcmd.NewDefaultClientConfig(*raw, nil).ClientConfig()
+	if err != nil {
+		die("%v", err)
+	}
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		die("namespace: %v", err)
+	}
+	_, err = cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		die("serviceaccount: %v", err)
+	}
+	secs := int64(dur.Seconds())
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa,
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		die("token request: %v", err)
+	}
+	ctxName := raw.CurrentContext
+	cl := raw.Clusters[raw.Contexts[ctxName].Cluster]
+	user := ns + ":" + sa
+	outCfg := clientcmdapi.Config{
+		Clusters:       map[string]*clientcmdapi.Cluster{"regrade-test": cl},
+		AuthInfos:      map[string]*clientcmdapi.AuthInfo{user: {Token: tr.Status.Token}},
+		Contexts:       map[string]*clientcmdapi.Context{user: {Cluster: "regrade-test", AuthInfo: user, Namespace: ns}},
+		CurrentContext: user,
+	}
+	if err := clientcmd.WriteToFile(outCfg, out); err != nil {
+		die("%v", err)
+	}
+}

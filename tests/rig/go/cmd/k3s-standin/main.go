@@ -1,0 +1,710 @@
+// Command k3s-standin is TEST CODE: a stand-in for a k3s *server* process, for
+// regrade's tests on machines where k3s itself cannot be had.
+//
+// What of k3s it imitates:
+//   - Config: reads CONFIG_DIR/config.yaml, then CONFIG_DIR/config.yaml.d/*.yaml in
+//     alphabetical order (also when config.yaml is absent). Each file is a YAML map
+//     of flag name -> value (bool, string, number or list). A later file's value
+//     replaces an earlier one; a key written "name+" appends to a list. The merged
+//     values become --flags placed before the command-line flags, so the command
+//     line wins. Keys the stand-in does not know are ignored with a warning and
+//     listed in the report ("unknown_config_keys").
+//   - etcd: always runs an embedded etcd member (go.etcd.io/etcd/server/v3/embed)
+//     with its data in DATA_DIR/server/db/etcd, so a restart keeps the member ID.
+//     /health (and /readyz, /livez, /metrics) are served without TLS on
+//     127.0.0.1:2381, like k3s's etcd metrics listener.
+//   - API server: unless disable-apiserver, supervises a kube-apiserver binary
+//     against the local etcd on BIND:6443. With disable-apiserver, port 6443 still
+//     answers (TLS), every request with HTTP 503 and body "apiserver disabled".
+//   - Agent: unless disable-agent, and given a kubeconfig, keeps a Node (labels
+//     node-role.kubernetes.io/etcd=true always; control-plane=true and
+//     master=true set only while the API server is enabled, as k3s's
+//     setNodeLabelsAndAnnotations does; never removed), its Ready condition with
+//     lastHeartbeatTime, its Lease in kube-node-lease renewed every 10 s, and the
+//     Secret kube-system/<node>.node-password.k3s.
+//   - sd_notify READY=1 once etcd is healthy and some API server is reachable
+//     (a real k3s with disable-apiserver waits for another server's API).
+//
+// What it does NOT imitate: no kubelet, containerd, flannel, kube-proxy,
+// controller-manager, scheduler or addons (disable-controller-manager and
+// disable-scheduler are only recorded); no join tokens, no etcd TLS (etcd speaks
+// plain http), no etcd member add/remove (cluster membership is static, see
+// below), no client-side load balancer (the agent fails over between the
+// kubeconfig's server and the "server" URLs), no hiding of its arguments, no
+// k3s.yaml. The node-password Secret holds sha256 of a random password kept in
+// DATA_DIR/agent/node-password, not k3s's hash format. Node authorization is
+// whatever the kubeconfig has (tests pass an admin kubeconfig).
+//
+// Cluster mode (design of this stand-in, not k3s's): give each member
+//   node-name, node-ip (e.g. 127.0.0.11), etcd-health-addr (e.g. 127.0.0.11:2381)
+//   etcd-initial-cluster: "a=http://127.0.0.11:2380,b=http://127.0.0.12:2380,c=http://127.0.0.13:2380"
+// The member name is node-name; client URL http://NODE_IP:2379 and peer URL
+// http://NODE_IP:2380 unless etcd-client-url / etcd-peer-url say otherwise.
+// Single-member mode (the default) is initial cluster NAME=PEER_URL.
+//
+// Test knobs: health-delay (/health answers 503 until that long after start);
+// file CONFIG_DIR/standin-fail-next-start: deleted, then exit 1 at once;
+// file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists.
+//
+// Usage: k3s-standin [server] [--flag=value ...]; run with -h for the flags.
+// The effective flags are written as JSON to --report-file and logged.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/etcdhttp"
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"regrade.test/rig/internal/kube"
+)
+
+// listFlag is a repeatable flag; values may also be comma-separated. The first
+// Set after reset() (i.e. on the command line) replaces the config files' list.
+type listFlag struct {
+	vals  []string
+	fresh bool
+}
+
+func (l *listFlag) String() string { return strings.Join(l.vals, ",") }
+func (l *listFlag) Set(v string) error {
+	if l.fresh {
+		l.vals, l.fresh = nil, false
+	}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			l.vals = append(l.vals, s)
+		}
+	}
+	return nil
+}
+
+var (
+	fs            = flag.NewFlagSet("k3s-standin", flag.ExitOnError)
+	configDir     = fs.String("config-dir", envOr("K3S_STANDIN_CONFIG_DIR", "/etc/rancher/k3s"), "dir with config.yaml and config.yaml.d/ (command line or env only)")
+	reportFile    = fs.String("report-file", "/run/k3s-standin/flags.json", "where the effective flags are written as JSON")
+	dataDir       = fs.String("data-dir", "/var/lib/rancher/k3s", "k3s data dir; etcd data in DATA_DIR/server/db/etcd")
+	nodeName      = fs.String("node-name", envOr("K3S_NODE_NAME", hostname()), "node and etcd member name")
+	nodeIP        = fs.String("node-ip", "127.0.0.1", "this server's address")
+	etcdClientURL = fs.String("etcd-client-url", "", "etcd client URL (default http://NODE_IP:2379)")
+	etcdPeerURL   = fs.String("etcd-peer-url", "", "etcd peer URL (default http://NODE_IP:2380)")
+	etcdCluster   = fs.String("etcd-initial-cluster", "", "etcd initial cluster, name=peerURL,... (default: this member only)")
+	etcdState     = fs.String("etcd-initial-cluster-state", "new", "new or existing")
+	healthAddr    = fs.String("etcd-health-addr", "127.0.0.1:2381", "where /health is served (plain http)")
+	healthDelay   = fs.Duration("health-delay", 0, "test knob: /health answers 503 until this long after start")
+	failFile      = fs.String("fail-next-start-file", "", "test knob file (default CONFIG_DIR/standin-fail-next-start)")
+	neverFile     = fs.String("never-healthy-file", "", "test knob file (default CONFIG_DIR/standin-never-healthy)")
+	disableAPI    = fs.Bool("disable-apiserver", false, "do not run kube-apiserver; port answers 503")
+	disableAgent  = fs.Bool("disable-agent", false, "do not keep the Node, its Lease and node-password Secret")
+	_             = fs.Bool("disable-controller-manager", false, "recorded only")
+	_             = fs.Bool("disable-scheduler", false, "recorded only")
+	_             = fs.Bool("cluster-init", false, "recorded only")
+	_             = fs.String("token", "", "recorded only")
+	bindAddr      = fs.String("bind-address", "", "API listen address (default NODE_IP)")
+	advertiseAddr = fs.String("advertise-address", "", "API advertise address (default NODE_IP)")
+	apiPort       = fs.Int("https-listen-port", 6443, "API port")
+	certDir       = fs.String("cert-dir", "", "API certs (see internal/kube; missing files are generated; default DATA_DIR/server/tls)")
+	apiserverBin  = fs.String("kube-apiserver-bin", "", "kube-apiserver binary (default: next to this executable)")
+	kubeconfig    = fs.String("kubeconfig", "", "kubeconfig for the agent (no kubeconfig: no agent)")
+	leaseEvery    = fs.Duration("node-lease-interval", 10*time.Second, "node Lease renew interval")
+	statusEvery   = fs.Duration("node-status-interval", time.Minute, "Node Ready heartbeat interval")
+	servers       = &listFlag{}
+	_             = fs.String("write-kubeconfig-mode", "", "recorded only")
+)
+
+func init() {
+	fs.Var(servers, "server", "other servers' API URLs (agent failover and READY check)")
+	for _, n := range []string{"node-label", "node-taint", "tls-san", "disable", "etcd-arg", "kube-apiserver-arg"} {
+		fs.Var(&listFlag{}, n, "recorded only")
+	}
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func hostname() string { h, _ := os.Hostname(); return h }
+
+func must(err error, what string) {
+	if err != nil {
+		log.Fatalf("k3s-standin: %s: %v", what, err)
+	}
+}
+
+// loadConfig merges the config files the way k3s does and returns them as args.
+func loadConfig(dir string) (files []string, merged map[string][]string, unknown []string, args []string) {
+	merged = map[string][]string{}
+	if _, err := os.Stat(filepath.Join(dir, "config.yaml")); err == nil {
+		files = append(files, filepath.Join(dir, "config.yaml"))
+	}
+	dropins, _ := filepath.Glob(filepath.Join(dir, "config.yaml.d", "*.yaml"))
+	sort.Strings(dropins)
+	files = append(files, dropins...)
+	var order []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		must(err, "read config")
+		m := map[string]any{}
+		must(yaml.Unmarshal(b, &m), "parse "+f)
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			appendTo := strings.HasSuffix(k, "+")
+			name := strings.TrimPrefix(strings.TrimSuffix(k, "+"), "--")
+			var vals []string
+			switch v := m[k].(type) {
+			case []any:
+				for _, e := range v {
+					vals = append(vals, scalar(e))
+				}
+			default:
+				vals = []string{scalar(v)}
+			}
+			if _, seen := merged[name]; !seen {
+				order = append(order, name)
+			}
+			if appendTo {
+				merged[name] = append(merged[name], vals...)
+			} else {
+				merged[name] = vals
+			}
+		}
+	}
+	for _, name := range order {
+		if fs.Lookup(name) == nil || name == "config-dir" {
+			unknown = append(unknown, name)
+			continue
+		}
+		for _, v := range merged[name] {
+			args = append(args, "--"+name+"="+v)
+		}
+	}
+	return
+}
+
+func scalar(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return x
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	default:
+		return fmt.Sprint(x)
+	}
+}
+
+func main() {
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
+	started := time.Now()
+	cli := os.Args[1:]
+	if len(cli) > 0 && cli[0] == "server" {
+		cli = cli[1:]
+	}
+	// config-dir must be known before the files are read.
+	for i, a := range cli {
+		if v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "config-dir="); ok && strings.HasPrefix(a, "-") {
+			*configDir = v
+		} else if (a == "--config-dir" || a == "-config-dir") && i+1 < len(cli) {
+			*configDir = cli[i+1]
+		}
+	}
+	files, merged, unknown, cfgArgs := loadConfig(*configDir)
+	for _, k := range unknown {
+		log.Printf("k3s-standin: warning: ignoring unknown config key %q", k)
+	}
+	must(fs.Parse(cfgArgs), "config files")
+	fs.VisitAll(func(f *flag.Flag) {
+		if l, ok := f.Value.(*listFlag); ok {
+			l.fresh = true
+		}
+	})
+	must(fs.Parse(cli), "command line")
+	if fs.NArg() > 0 {
+		log.Fatalf("k3s-standin: unexpected arguments %q", fs.Args())
+	}
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(failFile, filepath.Join(*configDir, "standin-fail-next-start"))
+	def(neverFile, filepath.Join(*configDir, "standin-never-healthy"))
+	def(etcdClientURL, "http://"+net.JoinHostPort(*nodeIP, "2379"))
+	def(etcdPeerURL, "http://"+net.JoinHostPort(*nodeIP, "2380"))
+	def(etcdCluster, *nodeName+"="+*etcdPeerURL)
+	def(bindAddr, *nodeIP)
+	def(advertiseAddr, *nodeIP)
+	def(certDir, filepath.Join(*dataDir, "server", "tls"))
+	if self, err := os.Executable(); err == nil {
+		def(apiserverBin, filepath.Join(filepath.Dir(self), "kube-apiserver"))
+	}
+
+	if _, err := os.Stat(*failFile); err == nil {
+		os.Remove(*failFile)
+		log.Printf("k3s-standin: %s existed: removed it, failing this start", *failFile)
+		os.Exit(1)
+	}
+	writeReport(started, files, merged, unknown, append(cfgArgs, cli...))
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+
+	// etcd
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir = *nodeName, filepath.Join(*dataDir, "server", "db", "etcd")
+	cu, err := url.Parse(*etcdClientURL)
+	must(err, "etcd-client-url")
+	pu, err := url.Parse(*etcdPeerURL)
+	must(err, "etcd-peer-url")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster, cfg.ClusterState, cfg.InitialClusterToken = *etcdCluster, *etcdState, "k3s-standin"
+	cfg.LogLevel = "warn"
+	must(os.MkdirAll(cfg.Dir, 0o700), "data dir")
+	e, err := embed.StartEtcd(cfg)
+	must(err, "start etcd")
+	defer e.Close()
+	log.Printf("k3s-standin: etcd member %s starting (data %s, client %s, peer %s)", cfg.Name, cfg.Dir, cu, pu)
+
+	// /health, gated by the test knobs.
+	mux := http.NewServeMux()
+	etcdhttp.HandleMetrics(mux)
+	etcdhttp.HandleHealth(e.GetLogger(), mux, e.Server)
+	gate := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reason := ""
+		if time.Since(started) < *healthDelay {
+			reason = "k3s-standin health-delay"
+		} else if _, err := os.Stat(*neverFile); err == nil {
+			reason = "k3s-standin never-healthy knob"
+		}
+		if reason != "" && r.URL.Path != "/metrics" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, `{"health":"false","reason":%q}`, reason)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+	hl, err := net.Listen("tcp", *healthAddr)
+	must(err, "listen "+*healthAddr)
+	go http.Serve(hl, gate)
+
+	etcdReady := make(chan struct{})
+	go func() {
+		select {
+		case <-e.Server.ReadyNotify():
+			log.Printf("k3s-standin: etcd member %s ready (id %x)", cfg.Name, uint64(e.Server.MemberID()))
+			close(etcdReady)
+		case <-ctx.Done():
+		}
+	}()
+
+	// API server, or the 503 stand-in for it.
+	apiHost := *bindAddr
+	if ip := net.ParseIP(apiHost); ip != nil && ip.IsUnspecified() {
+		apiHost = *nodeIP
+	}
+	localAPI := "https://" + net.JoinHostPort(apiHost, strconv.Itoa(*apiPort))
+	must(kube.EnsureCerts(*certDir, []string{*nodeIP, apiHost, *advertiseAddr}), "certs")
+	must(kube.WriteAdminKubeconfig(filepath.Join(*certDir, "admin.kubeconfig"), *certDir, localAPI), "admin kubeconfig")
+	apiDone := make(chan struct{})
+	if *disableAPI {
+		close(apiDone)
+		go serveDisabled(net.JoinHostPort(*bindAddr, strconv.Itoa(*apiPort)))
+	} else {
+		go func() {
+			defer close(apiDone)
+			select {
+			case <-etcdReady:
+			case <-ctx.Done():
+				return
+			}
+			superviseAPIServer(ctx, kube.APIServerArgs(*certDir, cu.String(), *bindAddr, *apiPort, *advertiseAddr))
+		}()
+	}
+
+	if !*disableAgent && *kubeconfig != "" {
+		go runAgent(ctx, !*disableAPI)
+	} else {
+		log.Printf("k3s-standin: agent not running (disable-agent=%v, kubeconfig=%q)", *disableAgent, *kubeconfig)
+	}
+
+	go notifyWhenReady(ctx, localAPI)
+
+	select {
+	case <-ctx.Done():
+		log.Printf("k3s-standin: stopping")
+	case err := <-e.Err():
+		log.Fatalf("k3s-standin: etcd: %v", err)
+	}
+	sdNotify("STOPPING=1")
+	cancel()
+	<-apiDone
+}
+
+func writeReport(started time.Time, files []string, merged map[string][]string, unknown, args []string) {
+	flags := map[string]any{}
+	fs.VisitAll(func(f *flag.Flag) {
+		switch v := f.Value.(type) {
+		case *listFlag:
+			flags[f.Name] = append([]string{}, v.vals...)
+		default:
+			if g, ok := f.Value.(flag.Getter); ok {
+				if b, ok := g.Get().(bool); ok {
+					flags[f.Name] = b
+					return
+				}
+			}
+			flags[f.Name] = f.Value.String()
+		}
+	})
+	rep := map[string]any{"pid": os.Getpid(), "started": started.Format(time.RFC3339Nano), "argv": os.Args,
+		"config_dir": *configDir, "config_files": files, "config": merged, "unknown_config_keys": unknown,
+		"effective_args": args, "flags": flags}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	must(os.MkdirAll(filepath.Dir(*reportFile), 0o755), "report dir")
+	tmp := *reportFile + ".tmp"
+	must(os.WriteFile(tmp, append(b, '\n'), 0o644), "write report")
+	must(os.Rename(tmp, *reportFile), "write report")
+	one, _ := json.Marshal(rep)
+	log.Printf("k3s-standin: effective flags: %s", one)
+}
+
+func serveDisabled(addr string) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(*certDir, kube.ServingCert), filepath.Join(*certDir, kube.ServingKey))
+	must(err, "serving cert")
+	l, err := tls.Listen("tcp", addr, &tls.Config{Certificates: []tls.Certificate{cert}})
+	must(err, "listen "+addr)
+	log.Printf("k3s-standin: apiserver disabled; %s answers 503", addr)
+	http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write([]byte("apiserver disabled"))
+	}))
+}
+
+// superviseAPIServer runs kube-apiserver until ctx ends, restarting it when it exits.
+func superviseAPIServer(ctx context.Context, args []string) {
+	for {
+		c := exec.Command(*apiserverBin, args...)
+		c.Stdout, c.Stderr = os.Stdout, os.Stderr
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		log.Printf("k3s-standin: starting %s", *apiserverBin)
+		if err := c.Start(); err != nil {
+			log.Printf("k3s-standin: kube-apiserver: %v", err)
+		} else {
+			done := make(chan error, 1)
+			go func() { done <- c.Wait() }()
+			select {
+			case err := <-done:
+				log.Printf("k3s-standin: kube-apiserver exited: %v", err)
+			case <-ctx.Done():
+				c.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					c.Process.Kill()
+					<-done
+				}
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// notifyWhenReady sends READY=1 once /health is 200 and some API server
+// answers /readyz with 200, 401 or 403 (any real kube-apiserver). With no API
+// server configured at all (disable-apiserver, no kubeconfig, no "server"),
+// only etcd is waited for; a real k3s would wait for another server's API.
+func notifyWhenReady(ctx context.Context, localAPI string) {
+	var apis []string
+	if !*disableAPI {
+		apis = append(apis, localAPI)
+	}
+	apis = append(apis, servers.vals...)
+	if *kubeconfig != "" {
+		if c, err := clientcmd.BuildConfigFromFlags("", *kubeconfig); err == nil {
+			apis = append(apis, c.Host)
+		}
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	status := func(u string) int {
+		r, err := hc.Get(u)
+		if err != nil {
+			return 0
+		}
+		r.Body.Close()
+		return r.StatusCode
+	}
+	for {
+		if status("http://"+*healthAddr+"/health") == 200 {
+			ok := len(apis) == 0
+			for _, a := range apis {
+				if s := status(strings.TrimSuffix(a, "/") + "/readyz"); s == 200 || s == 401 || s == 403 {
+					ok = true
+					break
+				}
+			}
+			if ok {
+				log.Printf("k3s-standin: ready (etcd healthy, API reachable among %v)", apis)
+				sdNotify("READY=1\nSTATUS=etcd healthy")
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func sdNotify(msg string) {
+	sock := os.Getenv("NOTIFY_SOCKET")
+	if sock == "" {
+		return
+	}
+	if strings.HasPrefix(sock, "@") {
+		sock = "\x00" + sock[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		log.Printf("k3s-standin: sd_notify: %v", err)
+		return
+	}
+	defer c.Close()
+	c.Write([]byte(msg))
+}
+
+// ---- agent ----
+
+type agent struct {
+	clients []*kubernetes.Clientset
+	hosts   []string
+	cur     int
+	cp      bool // API server enabled here: set control-plane/master labels
+}
+
+// do runs f against the current API server, failing over to the next on errors
+// that are not answers from an API server.
+func (a *agent) do(f func(cs *kubernetes.Clientset) error) error {
+	var err error
+	for i := 0; i < len(a.clients); i++ {
+		if err = f(a.clients[a.cur]); err == nil || apierrors.ReasonForError(err) != metav1.StatusReasonUnknown {
+			return err
+		}
+		a.cur = (a.cur + 1) % len(a.clients)
+	}
+	return err
+}
+
+func runAgent(ctx context.Context, controlPlane bool) {
+	base, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	must(err, "kubeconfig")
+	a := &agent{cp: controlPlane}
+	for _, h := range append([]string{base.Host}, servers.vals...) {
+		c := rest.CopyConfig(base)
+		c.Host, c.Timeout = h, 5*time.Second
+		a.clients = append(a.clients, kubernetes.NewForConfigOrDie(c))
+		a.hosts = append(a.hosts, h)
+	}
+	// Register (retried every second until the API answers), then heartbeat.
+	registered, secretDone := false, false
+	var lastStatus time.Time
+	tick := time.NewTicker(*leaseEvery)
+	defer tick.Stop()
+	for {
+		if !registered {
+			registered = a.do(a.register) == nil
+		}
+		if registered {
+			if time.Since(lastStatus) >= *statusEvery {
+				if err := a.do(a.updateStatus); err != nil {
+					log.Printf("k3s-standin: agent: node status: %v", err)
+				} else {
+					lastStatus = time.Now()
+				}
+			}
+			if err := a.do(a.renewLease); err != nil {
+				log.Printf("k3s-standin: agent: node lease: %v", err)
+			}
+			if !secretDone {
+				secretDone = a.do(a.ensurePasswordSecret) == nil
+			}
+		}
+		wait := tick.C
+		if !registered {
+			wait = time.After(time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait:
+		}
+	}
+}
+
+func (a *agent) roleLabels() map[string]string {
+	l := map[string]string{"node-role.kubernetes.io/etcd": "true"}
+	if a.cp {
+		l["node-role.kubernetes.io/control-plane"] = "true"
+		l["node-role.kubernetes.io/master"] = "true"
+	}
+	return l
+}
+
+func (a *agent) register(cs *kubernetes.Clientset) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := cs.CoreV1().Nodes().Get(ctx, *nodeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		n = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *nodeName, Labels: a.roleLabels()}}
+		for k, v := range map[string]string{"kubernetes.io/hostname": *nodeName, "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "k3s"} {
+			n.Labels[k] = v
+		}
+		n, err = cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+		if err == nil {
+			log.Printf("k3s-standin: agent: registered Node %s via %s", *nodeName, a.hosts[a.cur])
+		}
+	}
+	if err != nil {
+		log.Printf("k3s-standin: agent: register: %v", err)
+		return err
+	}
+	missing := map[string]string{}
+	for k, v := range a.roleLabels() {
+		if n.Labels[k] != v {
+			missing[k] = v
+		}
+	}
+	if len(missing) > 0 {
+		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": missing}})
+		if _, err := cs.CoreV1().Nodes().Patch(ctx, *nodeName, types.MergePatchType, p, metav1.PatchOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *agent) updateStatus(cs *kubernetes.Clientset) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := cs.CoreV1().Nodes().Get(ctx, *nodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	now := metav1.Now()
+	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "k3s-standin is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
+	found := false
+	for i, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			if c.Status == corev1.ConditionTrue {
+				ready.LastTransitionTime = c.LastTransitionTime
+			}
+			n.Status.Conditions[i], found = ready, true
+		}
+	}
+	if !found {
+		n.Status.Conditions = append(n.Status.Conditions, ready)
+	}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: *nodeIP}, {Type: corev1.NodeHostName, Address: *nodeName}}
+	n.Status.NodeInfo.KubeletVersion = "v1.37.2+k3s-standin"
+	n.Status.NodeInfo.OperatingSystem, n.Status.NodeInfo.Architecture = "linux", "amd64"
+	_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	return err
+}
+
+func (a *agent) renewLease(cs *kubernetes.Clientset) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	leases := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	now := metav1.NewMicroTime(time.Now())
+	l, err := leases.Get(ctx, *nodeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, *nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		dur := int32(40)
+		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: *nodeName, Namespace: corev1.NamespaceNodeLease,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}}},
+			Spec: coordv1.LeaseSpec{HolderIdentity: nodeName, LeaseDurationSeconds: &dur, RenewTime: &now}}
+		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	l.Spec.RenewTime, l.Spec.HolderIdentity = &now, nodeName
+	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	return err
+}
+
+func (a *agent) ensurePasswordSecret(cs *kubernetes.Clientset) error {
+	pwFile := filepath.Join(*dataDir, "agent", "node-password")
+	pw, err := os.ReadFile(pwFile)
+	if err != nil {
+		b := make([]byte, 16)
+		rand.Read(b)
+		pw = []byte(hex.EncodeToString(b))
+		if err := os.MkdirAll(filepath.Dir(pwFile), 0o700); err != nil {
+			return err
+		}
+		if err := os.WriteFile(pwFile, pw, 0o600); err != nil {
+			return err
+		}
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(string(pw))))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: *nodeName + ".node-password.k3s", Namespace: "kube-system"},
+		Immutable: new(true), StringData: map[string]string{"hash": hex.EncodeToString(sum[:])}}
+	_, err = cs.CoreV1().Secrets("kube-system").Create(ctx, s, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
