@@ -71,6 +71,17 @@ pub enum Command {
     },
     /// Check the configuration file and print the settings in force.
     CheckConfig,
+    /// The ExecStartPre hook of k3s.service: record the level k3s is being started at
+    /// (read from regrade's k3s config drop-in) under /run. Never fails k3s's start.
+    RecordStart,
+    /// The k3s container's entrypoint (Docker): read the level file, record the started
+    /// level on tmpfs, and exec k3s with the level's flags added.
+    /// Usage: regrade entrypoint -- k3s server ARGS...
+    Entrypoint {
+        /// The k3s command line to exec.
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Subcommand, Debug, Clone, Copy)]

@@ -33,5 +33,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { json } => status::run(&cfg, json),
         Command::Watch { dry_run } => watch::run(&cfg, dry_run),
         Command::Step { target } => watch::step_by_hand(&cfg, target),
+        Command::RecordStart => regrade::actuator::systemd::record_start(&cfg),
+        Command::Entrypoint { command } => regrade::actuator::entrypoint::run(&cfg, &command),
     }
 }

@@ -60,6 +60,11 @@ struct Watcher<'a> {
 
 impl<'a> Watcher<'a> {
     async fn new(cfg: &'a Config, backend: Backend, sampler: Sampler, dry_run: bool) -> anyhow::Result<Watcher<'a>> {
+        let mut backend = backend;
+        if let Some(d) = backend.actuator.disagreement().await {
+            tracing::warn!(disagreement = %d, "k3s's level and regrade's file disagree; converging");
+        }
+        backend.actuator.reconcile(backend.cluster.as_ref()).await.context("converging at start")?;
         let levels = backend.actuator.levels().to_vec();
         let level = backend.actuator.current_level().await.context("reading the current level")?;
         let published = Published { pid: std::process::id(), dry_run, ..Default::default() };

@@ -10,6 +10,7 @@ use crate::level::Level;
 #[cfg(feature = "docker")]
 pub mod docker;
 pub mod dry_run;
+pub mod entrypoint;
 pub mod systemd;
 
 /// Waits for the local Node to be Ready on a heartbeat newer than a restart (SPEC §4).
@@ -43,4 +44,17 @@ pub trait Actuator {
     /// `readiness`). On failure it has put the previous level back as far as it could,
     /// and the error says what failed and what was restored.
     async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()>;
+
+    /// Where what k3s was started with and what the actuator last wrote disagree (the
+    /// daemon died between writing and restarting, or someone edited the file), a
+    /// sentence saying so, for `status` and the journal. `None` when they agree.
+    async fn disagreement(&self) -> Option<String> {
+        None
+    }
+
+    /// Called once when `watch` starts: converges a disagreement as the actuator
+    /// documents. Does nothing when there is none.
+    async fn reconcile(&mut self, _readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        Ok(())
+    }
 }

@@ -87,3 +87,8 @@ impl Actuator for SystemdActuator {
         anyhow::bail!("no actuator is configured in this build yet: the systemd actuator is not implemented (issue 4)")
     }
 }
+
+/// `regrade record-start`, the ExecStartPre hook of k3s.service.
+pub fn record_start(_cfg: &Config) -> anyhow::Result<std::process::ExitCode> {
+    anyhow::bail!("record-start is not implemented yet (issue 4)")
+}
