@@ -14,7 +14,7 @@ cache="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 [ -x "$GO" ] || { echo "build.sh: no go toolchain (set GO=...)" >&2; exit 1; }
 
-export GOCACHE="$cache/gocache" GOMODCACHE="$cache/gomod" CGO_ENABLED=0 GOFLAGS=-mod=mod
+export GOCACHE="$cache/gocache" GOMODCACHE="$cache/gomod" CGO_ENABLED=0 GOFLAGS=-mod=readonly
 export GOTOOLCHAIN=local
 
 k8s_ver="$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$mod/go.mod")"

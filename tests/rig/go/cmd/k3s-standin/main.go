@@ -22,8 +22,9 @@
 //     setNodeLabelsAndAnnotations does; never removed), its Ready condition with
 //     lastHeartbeatTime, its Lease in kube-node-lease renewed every 10 s, and the
 //     Secret kube-system/<node>.node-password.k3s.
-//   - sd_notify READY=1 once etcd is healthy and some API server is reachable
-//     (a real k3s with disable-apiserver waits for another server's API).
+//   - sd_notify READY=1 once etcd is healthy and some API server is ready
+//     (a real k3s with disable-apiserver waits for another server's API); see
+//     notifyWhenReady for the exact rule.
 //
 // What it does NOT imitate: no kubelet, containerd, flannel, kube-proxy,
 // controller-manager, scheduler or addons (disable-controller-manager and
@@ -36,8 +37,10 @@
 // whatever the kubeconfig has (tests pass an admin kubeconfig).
 //
 // Cluster mode (design of this stand-in, not k3s's): give each member
-//   node-name, node-ip (e.g. 127.0.0.11), etcd-health-addr (e.g. 127.0.0.11:2381)
-//   etcd-initial-cluster: "a=http://127.0.0.11:2380,b=http://127.0.0.12:2380,c=http://127.0.0.13:2380"
+//
+//	node-name, node-ip (e.g. 127.0.0.11), etcd-health-addr (e.g. 127.0.0.11:2381)
+//	etcd-initial-cluster: "a=http://127.0.0.11:2380,b=http://127.0.0.12:2380,c=http://127.0.0.13:2380"
+//
 // The member name is node-name; client URL http://NODE_IP:2379 and peer URL
 // http://NODE_IP:2380 unless etcd-client-url / etcd-peer-url say otherwise.
 // Single-member mode (the default) is initial cluster NAME=PEER_URL.
@@ -454,41 +457,68 @@ func superviseAPIServer(ctx context.Context, args []string) {
 	}
 }
 
-// notifyWhenReady sends READY=1 once /health is 200 and some API server
-// answers /readyz with 200, 401 or 403 (any real kube-apiserver). With no API
-// server configured at all (disable-apiserver, no kubeconfig, no "server"),
-// only etcd is waited for; a real k3s would wait for another server's API.
+// notifyWhenReady sends READY=1 once /health is 200 and some API server is
+// ready: the local one (checked with the cert dir's admin cert) or, through the
+// kubeconfig's credentials, the kubeconfig's server or a "server" URL must
+// answer /readyz with 200; a "server" URL without a kubeconfig counts when it
+// answers 200, 401 or 403 (a real kube-apiserver). With no API server at all
+// (disable-apiserver, no kubeconfig, no "server"), only etcd is waited for; a
+// real k3s would wait for another server's API.
 func notifyWhenReady(ctx context.Context, localAPI string) {
-	var apis []string
-	if !*disableAPI {
-		apis = append(apis, localAPI)
+	type api struct {
+		url    string
+		client *http.Client
+		strict bool // only 200 counts
 	}
-	apis = append(apis, servers.vals...)
+	var apis []api
+	if !*disableAPI {
+		c, err := rest.HTTPClientFor(&rest.Config{Host: localAPI, TLSClientConfig: rest.TLSClientConfig{
+			CAFile:   filepath.Join(*certDir, kube.CACert),
+			CertFile: filepath.Join(*certDir, kube.AdminCert), KeyFile: filepath.Join(*certDir, kube.AdminKey)}})
+		must(err, "local API client")
+		apis = append(apis, api{localAPI, c, true})
+	}
 	if *kubeconfig != "" {
-		if c, err := clientcmd.BuildConfigFromFlags("", *kubeconfig); err == nil {
-			apis = append(apis, c.Host)
+		kc, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+		must(err, "kubeconfig")
+		c, err := rest.HTTPClientFor(kc)
+		must(err, "kubeconfig client")
+		for _, u := range append([]string{kc.Host}, servers.vals...) {
+			apis = append(apis, api{u, c, true})
+		}
+	} else {
+		insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		for _, u := range servers.vals {
+			apis = append(apis, api{u, insecure, false})
 		}
 	}
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	status := func(u string) int {
-		r, err := hc.Get(u)
+	status := func(c *http.Client, u string) int {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+		r, err := c.Do(req)
 		if err != nil {
 			return 0
 		}
 		r.Body.Close()
 		return r.StatusCode
 	}
+	plain := &http.Client{}
 	for {
-		if status("http://"+*healthAddr+"/health") == 200 {
+		if status(plain, "http://"+*healthAddr+"/health") == 200 {
 			ok := len(apis) == 0
 			for _, a := range apis {
-				if s := status(strings.TrimSuffix(a, "/") + "/readyz"); s == 200 || s == 401 || s == 403 {
+				s := status(a.client, strings.TrimSuffix(a.url, "/")+"/readyz")
+				if s == 200 || (!a.strict && (s == 401 || s == 403)) {
+					log.Printf("k3s-standin: ready (etcd healthy, API %s ready)", a.url)
 					ok = true
 					break
 				}
 			}
 			if ok {
-				log.Printf("k3s-standin: ready (etcd healthy, API reachable among %v)", apis)
+				if len(apis) == 0 {
+					log.Printf("k3s-standin: ready (etcd healthy; no API server configured)")
+				}
 				sdNotify("READY=1\nSTATUS=etcd healthy")
 				return
 			}
