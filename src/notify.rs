@@ -21,7 +21,11 @@ impl Notifier {
                 Some(name) => SocketAddr::from_abstract_name(name).ok()?,
                 None => SocketAddr::from_pathname(&path).ok()?,
             };
-            Some((UnixDatagram::unbound().ok()?, addr))
+            let sock = UnixDatagram::unbound().ok()?;
+            // Never block the watcher on a busy service manager: a dropped STATUS or
+            // ping is better than a watcher stuck in sendto.
+            sock.set_nonblocking(true).ok()?;
+            Some((sock, addr))
         });
         Notifier { socket, watchdog: sd_notify::watchdog_enabled() }
     }

@@ -44,13 +44,14 @@ pub fn unix(t: SystemTime) -> f64 {
 }
 
 impl Published {
-    /// The core's state with times made absolute: `origin` is the wall-clock time of
-    /// the core's time zero.
-    pub fn set_state(&mut self, state: &State, origin: SystemTime) {
+    /// Takes the core's state with times made absolute (`origin` is the wall-clock
+    /// time of the core's time zero). Returns whether anything changed.
+    pub fn set_state(&mut self, state: &State, origin: SystemTime) -> bool {
         let at = |d: Duration| unix(origin + d);
-        self.level = Some(state.level);
-        self.over_since = state.over_since.map(at);
-        self.calm_since = state.calm_since.map(at);
+        let new = (Some(state.level), state.over_since.map(at), state.calm_since.map(at));
+        let changed = (self.level, self.over_since, self.calm_since) != new;
+        (self.level, self.over_since, self.calm_since) = new;
+        changed
     }
 
     /// The core's state on a Unix-epoch time axis, for `status`'s arithmetic.

@@ -1,6 +1,7 @@
 //! `watch`, the daemon, and `step`, by hand: the loop at the edge that feeds samples
 //! to the core and runs the steps it proposes.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,7 +16,7 @@ use crate::config::Config;
 use crate::decide::{Direction, Settings, State, Step};
 use crate::level::Level;
 use crate::notify::Notifier;
-use crate::pressure::Sampler;
+use crate::pressure::{SampleError, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 use crate::step::{self, Outcome};
 
@@ -45,42 +46,148 @@ pub fn run(cfg: &Config, dry_run: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
-struct Watcher<'a> {
-    cfg: &'a Config,
-    backend: Backend,
+/// The per-sample work: sample, classify, update the core, tell systemd, publish the
+/// state when it changed. Allocates nothing on a sample that proposes no step.
+pub struct Ticker {
     sampler: Sampler,
     settings: Settings,
     levels: Vec<Level>,
-    state: State,
+    pub state: State,
     notifier: Notifier,
     published: Published,
-    origin: Instant,
+    state_file: PathBuf,
+    /// Set when a step ran or was refused, so the next publish writes the file.
+    dirty: bool,
     wall_origin: SystemTime,
 }
 
+impl Ticker {
+    pub fn new(cfg: &Config, sampler: Sampler, levels: Vec<Level>, level: Level, dry_run: bool) -> Ticker {
+        Ticker {
+            sampler,
+            settings: Settings::from_config(cfg),
+            levels,
+            state: State::new(level),
+            notifier: Notifier::from_env(),
+            published: Published { pid: std::process::id(), dry_run, ..Default::default() },
+            state_file: cfg.state_file.clone(),
+            dirty: true,
+            wall_origin: SystemTime::now(),
+        }
+    }
+
+    /// One sample at `t` (time since the watcher started). Returns the step the core
+    /// proposes; a fatal error (no PSI) ends `watch`.
+    pub fn tick(&mut self, t: Duration) -> Result<Option<Step>, SampleError> {
+        let sample = match self.sampler.sample() {
+            Ok(s) => s,
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "sample failed; trying again next period");
+                return Ok(None);
+            }
+        };
+        let reading = self.settings.classify(&sample);
+        let pressure = sample.metric(self.settings.metric);
+        let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+        self.notifier.status(format_args!(
+            "level {}, {} {:.2}%, MemAvailable {} MiB",
+            self.state.level,
+            self.settings.metric.as_str(),
+            pressure,
+            sample.mem_available >> 20
+        ));
+        self.notifier.watchdog();
+        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
+        if let Some(step) = &proposed {
+            tracing::info!(
+                level = %step.from, to = %step.to, pressure, available = sample.mem_available,
+                decision = step.direction.action(), "stepping"
+            );
+        }
+        self.publish();
+        Ok(proposed)
+    }
+
+    /// Feeds a step's outcome back to the core and the published state. Returns true
+    /// for a refusal whose reason is new, which is worth an Event.
+    fn settle(&mut self, t: Duration, step: &Step, outcome: &Outcome) -> bool {
+        let now = statefile::unix(SystemTime::now());
+        let level = match outcome {
+            Outcome::Refused(r) => {
+                // Logged and recorded as an Event only when the reason changes.
+                let changed = self.published.refusal.as_ref().is_none_or(|p| p.message != r.message);
+                if !changed {
+                    return false;
+                }
+                tracing::warn!(kind = r.kind, reason = %r.message, decision = step.direction.action(), "step refused");
+                self.published.refusal =
+                    Some(PublishedRefusal { since: now, kind: r.kind.to_string(), message: r.message.clone() });
+                self.dirty = true;
+                self.publish();
+                return true;
+            }
+            Outcome::Done => {
+                tracing::info!(level = %step.to, decision = step.direction.action(), "step done");
+                step.to
+            }
+            Outcome::Failed { level, error } => {
+                tracing::error!(level = %level, error = %format!("{error:#}"), decision = step.direction.action(), "step failed");
+                *level
+            }
+        };
+        self.state.step_ran(t, level);
+        self.published.refusal = None;
+        self.published.last_step = Some(LastStep {
+            at: statefile::unix(self.wall_origin + t),
+            action: step.direction.action().to_string(),
+            from: step.from,
+            to: step.to,
+            result: match outcome {
+                Outcome::Failed { error, .. } => format!("failed: {error:#}"),
+                _ => "done".to_string(),
+            },
+        });
+        self.dirty = true;
+        self.publish();
+        false
+    }
+
+    /// Writes the state file when it changed (never on an unchanged calm sample).
+    fn publish(&mut self) {
+        let changed = self.published.set_state(&self.state, self.wall_origin);
+        if changed || self.dirty {
+            self.dirty = false;
+            if let Err(e) = self.published.write(&self.state_file) {
+                tracing::warn!(error = %e, path = %self.state_file.display(), "could not write the state file");
+            }
+        }
+    }
+}
+
+struct Watcher<'a> {
+    cfg: &'a Config,
+    backend: Backend,
+    ticker: Ticker,
+    origin: Instant,
+}
+
 impl<'a> Watcher<'a> {
-    async fn new(cfg: &'a Config, backend: Backend, sampler: Sampler, dry_run: bool) -> anyhow::Result<Watcher<'a>> {
-        let mut backend = backend;
+    async fn new(
+        cfg: &'a Config,
+        mut backend: Backend,
+        sampler: Sampler,
+        dry_run: bool,
+    ) -> anyhow::Result<Watcher<'a>> {
         if let Some(d) = backend.actuator.disagreement().await {
             tracing::warn!(disagreement = %d, "k3s's level and regrade's file disagree; converging");
         }
         backend.actuator.reconcile(backend.cluster.as_ref()).await.context("converging at start")?;
         let levels = backend.actuator.levels().to_vec();
         let level = backend.actuator.current_level().await.context("reading the current level")?;
-        let published = Published { pid: std::process::id(), dry_run, ..Default::default() };
         tracing::info!(level = %level, dry_run, "regrade watch starting");
-        Ok(Watcher {
-            cfg,
-            backend,
-            sampler,
-            settings: Settings::from_config(cfg),
-            levels,
-            state: State::new(level),
-            notifier: Notifier::from_env(),
-            published,
-            origin: Instant::now(),
-            wall_origin: SystemTime::now(),
-        })
+        let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
+        Ok(Watcher { cfg, backend, ticker, origin: Instant::now() })
     }
 
     async fn run(mut self) -> anyhow::Result<ExitCode> {
@@ -96,41 +203,20 @@ impl<'a> Watcher<'a> {
                 _ = int.recv() => break,
             }
             let t = self.origin.elapsed();
-            let sample = match self.sampler.sample() {
-                Ok(s) => s,
-                Err(e) if e.is_fatal() => return Err(e.into()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "sample failed; trying again next period");
-                    continue;
-                }
-            };
-            let reading = self.settings.classify(&sample);
-            let pressure = sample.metric(self.settings.metric);
-            let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+            let proposed = self.ticker.tick(t)?;
             if !ready {
-                self.notifier.ready();
+                // READY after the first good sample: the files are there and parse.
+                self.ticker.notifier.ready();
                 ready = true;
             }
-            self.notifier.status(format_args!(
-                "level {}, {} {:.2}%, MemAvailable {} MiB",
-                self.state.level,
-                self.settings.metric.as_str(),
-                pressure,
-                sample.mem_available >> 20
-            ));
-            self.notifier.watchdog();
-            tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
             if let Some(step) = proposed {
-                tracing::info!(
-                    level = %step.from, to = %step.to, pressure, available = sample.mem_available,
-                    decision = step.direction.action(), "stepping"
-                );
                 let outcome = self.run_step(&step).await;
-                self.settle(t, &step, outcome).await;
+                if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, &step, &outcome), &outcome) {
+                    self.backend.cluster.record(StepEvent::Refused(&step, r)).await;
+                }
             }
-            self.publish();
         }
-        self.notifier.stopping();
+        self.ticker.notifier.stopping();
         tracing::info!("regrade watch stopping");
         Ok(ExitCode::SUCCESS)
     }
@@ -140,57 +226,12 @@ impl<'a> Watcher<'a> {
         let Backend { actuator, cluster } = &mut self.backend;
         let fut = step::run(step, actuator.as_mut(), cluster.as_ref(), &self.cfg.levels);
         tokio::pin!(fut);
-        let mut wd = tokio::time::interval(self.notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
+        let notifier = &self.ticker.notifier;
+        let mut wd = tokio::time::interval(notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
         loop {
             tokio::select! {
                 out = &mut fut => return out,
-                _ = wd.tick() => self.notifier.watchdog(),
-            }
-        }
-    }
-
-    /// Feeds a step's outcome back to the core and the published state.
-    async fn settle(&mut self, t: Duration, step: &Step, outcome: Outcome) {
-        let now = statefile::unix(SystemTime::now());
-        match &outcome {
-            Outcome::Refused(r) => {
-                // Logged and recorded as an Event only when the reason changes.
-                let changed = self.published.refusal.as_ref().is_none_or(|p| p.message != r.message);
-                if changed {
-                    tracing::warn!(kind = r.kind, reason = %r.message, decision = step.direction.action(), "step refused");
-                    self.backend.cluster.record(StepEvent::Refused(step, r)).await;
-                    self.published.refusal =
-                        Some(PublishedRefusal { since: now, kind: r.kind.to_string(), message: r.message.clone() });
-                }
-                return;
-            }
-            Outcome::Done => tracing::info!(level = %step.to, decision = step.direction.action(), "step done"),
-            Outcome::Failed { level, error } => {
-                tracing::error!(level = %level, error = %format!("{error:#}"), decision = step.direction.action(), "step failed")
-            }
-        }
-        let level = outcome.level_after(step).unwrap_or(step.from);
-        self.state.step_ran(t, level);
-        self.published.refusal = None;
-        self.published.last_step = Some(LastStep {
-            at: statefile::unix(self.wall_origin + t),
-            action: step.direction.action().to_string(),
-            from: step.from,
-            to: step.to,
-            result: match &outcome {
-                Outcome::Failed { error, .. } => format!("failed: {error:#}"),
-                _ => "done".to_string(),
-            },
-        });
-    }
-
-    /// Writes the state file when it changed (never on an unchanged calm sample).
-    fn publish(&mut self) {
-        let before = self.published.clone();
-        self.published.set_state(&self.state, self.wall_origin);
-        if self.published != before {
-            if let Err(e) = self.published.write(&self.cfg.state_file) {
-                tracing::warn!(error = %e, path = %self.cfg.state_file.display(), "could not write the state file");
+                _ = wd.tick() => notifier.watchdog(),
             }
         }
     }

@@ -1,0 +1,80 @@
+//! `watch` allocates nothing per sample (issue 2): on a thrashing host the watcher must
+//! not need memory to notice it. A counting global allocator checks the steady state of
+//! the per-sample work (`Ticker::tick`: pread both files, parse, classify, update the
+//! core, STATUS and WATCHDOG to systemd).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use regrade::config::Config;
+use regrade::level::Level;
+use regrade::pressure::Sampler;
+use regrade::watch::Ticker;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+#[test]
+fn a_calm_sample_allocates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psi, mem, state) = (dir.path().join("psi"), dir.path().join("meminfo"), dir.path().join("state.json"));
+    std::fs::write(
+        &psi,
+        "some avg10=1.00 avg60=1.00 avg300=1.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+    )
+    .unwrap();
+    std::fs::write(&mem, "MemTotal: 24000000 kB\nMemFree: 1000 kB\nMemAvailable: 20000000 kB\n").unwrap();
+    let cfg = Config::parse(&format!(
+        "state_file = {state:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\nsample_period = \"1s\"\nsustain = \"1s\"\n"
+    ))
+    .unwrap();
+    // A notify socket, so STATUS and WATCHDOG really are sent.
+    let sock_path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    // SAFETY: single-threaded at this point of the test binary's only test.
+    unsafe {
+        std::env::set_var("NOTIFY_SOCKET", &sock_path);
+        std::env::set_var("WATCHDOG_USEC", "20000000");
+    }
+    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo).unwrap();
+    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, true);
+    // Warm up: the first samples start the calm streak and publish the state file.
+    for i in 0..3 {
+        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
+    }
+    let before = allocs();
+    for i in 3..1003 {
+        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
+    }
+    let per_1000 = allocs() - before;
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).unwrap();
+    assert!(std::str::from_utf8(&buf[..n]).unwrap().starts_with("STATUS=level full"), "systemd was told nothing");
+    assert_eq!(per_1000, 0, "{per_1000} allocations in 1000 calm samples");
+}
