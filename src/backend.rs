@@ -29,6 +29,11 @@ pub async fn observed_level(cfg: &Config) -> anyhow::Result<Level> {
     real_actuator(cfg)?.current_level().await
 }
 
+/// Where k3s's start record and the actuator's file disagree, a sentence saying so.
+pub async fn disagreement(cfg: &Config) -> Option<String> {
+    real_actuator(cfg).ok()?.disagreement().await
+}
+
 #[cfg(not(feature = "docker"))]
 fn real_actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
     Ok(Box::new(crate::actuator::systemd::SystemdActuator::new(cfg)?))

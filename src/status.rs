@@ -35,6 +35,8 @@ pub struct Status {
     pub refusal: Option<PublishedRefusal>,
     /// What the cluster would refuse the next step for, asked now (read only).
     pub would_refuse: Option<String>,
+    /// k3s's start record and the actuator's file disagree (`watch` converges at start).
+    pub disagreement: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,6 +94,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             Some((step, _)) => preflight(cfg, step).await,
             None => None,
         };
+        let disagreement = backend::disagreement(cfg).await;
         Status {
             level,
             metric: settings.metric.as_str(),
@@ -110,6 +113,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             next_step: next_step.map(|(_, n)| n),
             refusal: published.as_ref().and_then(|p| p.refusal.clone()),
             would_refuse,
+            disagreement,
         }
     });
     if json {
@@ -170,6 +174,9 @@ pub fn render(s: &Status, now: f64) -> String {
     }
     if let Some(w) = &s.would_refuse {
         o += &format!("would refuse:   {w}\n");
+    }
+    if let Some(d) = &s.disagreement {
+        o += &format!("disagreement:   {d}\n");
     }
     o
 }

@@ -1,12 +1,38 @@
-//! The systemd actuator (SPEC §5): a k3s config drop-in and a restart of
-//! `k3s.service` over D-Bus. (Being implemented: issue 4.)
+//! The systemd actuator (SPEC §5), the default: a level's k3s flags live in one k3s
+//! config drop-in; a change of flags restarts `k3s.service` over systemd's D-Bus API;
+//! an `ExecStartPre` hook (`regrade record-start`) records the level k3s started at.
+//!
+//! Start-up reconciliation (`watch`): when the drop-in and the record disagree — the
+//! daemon died between writing the drop-in and restarting k3s, or someone changed the
+//! file — the running k3s wins. regrade rewrites (or removes) the drop-in to match the
+//! level on record, without restarting k3s: the record is what k3s runs with now, what
+//! the Node's marks were set for, and a restart at start-up would run without the
+//! Lease and peer check every step takes. If pressure persists, the next step is taken
+//! normally. Without a record (k3s not started through the hook since boot) nothing is
+//! converged: k3s will start with the drop-in and record it.
+
+mod dbus;
+pub mod dropin;
+mod health;
+pub mod record;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
 
+use anyhow::{anyhow, bail, Context};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::config::HumanDuration;
+use super::{Actuator, NodeReadiness};
+use crate::config::{Config, HumanDuration, LevelsConfig};
+use crate::level::Level;
+use crate::units::format_duration;
+
+pub use dropin::Dropin;
+
+/// How often a restart's progress (unit state, etcd health) is looked at.
+const POLL: Duration = Duration::from_millis(250);
 
 /// `[systemd]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -21,8 +47,11 @@ pub struct SystemdConfig {
     pub record: PathBuf,
     /// etcd's health endpoint, which k3s serves without TLS.
     pub etcd_health_url: String,
-    /// How long a restart may take to become healthy (and Ready) before it is undone.
+    /// How long a restart may take until etcd is healthy before it is undone.
     pub health_timeout: HumanDuration,
+    /// How long, after etcd is healthy, the Node may take to be Ready on a heartbeat
+    /// newer than the restart (levels that run the agent) before the restart is undone.
+    pub ready_timeout: HumanDuration,
 }
 
 impl Default for SystemdConfig {
@@ -33,6 +62,7 @@ impl Default for SystemdConfig {
             record: PathBuf::from("/run/regrade/started-level"),
             etcd_health_url: "http://127.0.0.1:2381/health".into(),
             health_timeout: HumanDuration(Duration::from_secs(300)),
+            ready_timeout: HumanDuration(Duration::from_secs(300)),
         }
     }
 }
@@ -40,31 +70,142 @@ impl Default for SystemdConfig {
 impl SystemdConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         if !self.unit.ends_with(".service") {
-            anyhow::bail!("systemd.unit = {:?} must name a .service unit", self.unit);
+            bail!("systemd.unit = {:?} must name a .service unit", self.unit);
         }
         if self.dropin.extension().is_none_or(|e| e != "yaml") {
-            anyhow::bail!("systemd.dropin = {:?} must end in .yaml (k3s reads only config.yaml.d/*.yaml)", self.dropin);
+            bail!("systemd.dropin = {:?} must end in .yaml (k3s reads only config.yaml.d/*.yaml)", self.dropin);
         }
         if self.health_timeout.0.is_zero() {
-            anyhow::bail!("systemd.health_timeout must be more than 0");
+            bail!("systemd.health_timeout must be more than 0");
         }
+        if self.ready_timeout.0.is_zero() {
+            bail!("systemd.ready_timeout must be more than 0");
+        }
+        health::HealthUrl::parse(&self.etcd_health_url)?;
         Ok(())
     }
 }
 
-use async_trait::async_trait;
-
-use super::{Actuator, NodeReadiness};
-use crate::config::Config;
-use crate::level::Level;
-
 pub struct SystemdActuator {
-    record: PathBuf,
+    cfg: SystemdConfig,
+    levels: LevelsConfig,
+    health: health::HealthUrl,
 }
 
 impl SystemdActuator {
     pub fn new(cfg: &Config) -> anyhow::Result<SystemdActuator> {
-        Ok(SystemdActuator { record: cfg.systemd.record.clone() })
+        Ok(SystemdActuator {
+            cfg: cfg.systemd.clone(),
+            levels: cfg.levels.clone(),
+            health: health::HealthUrl::parse(&cfg.systemd.etcd_health_url)?,
+        })
+    }
+
+    /// What the drop-in path holds, read now.
+    pub fn dropin(&self) -> anyhow::Result<Dropin> {
+        dropin::read(&self.cfg.dropin, &self.levels)
+    }
+
+    fn dropin_for(&self, level: Level) -> Option<String> {
+        dropin::render(&self.levels, level)
+    }
+
+    /// Restarts the unit and waits until a new process runs, etcd is healthy and,
+    /// where `level` runs the agent, the Node is Ready on a heartbeat newer than the
+    /// restart. Never waits on the restart job itself.
+    async fn restart_into(&self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let unit = &self.cfg.unit;
+        let timeout = self.cfg.health_timeout.0;
+        let systemd = dbus::Systemd::connect(unit).await?;
+        let before = systemd.state().await?;
+        let since = SystemTime::now();
+        let deadline = Instant::now() + timeout;
+        systemd.restart().await?;
+        tracing::info!(unit = %unit, level = %level, "restarted k3s; waiting for a new process and etcd's health");
+        let mut started: Option<Vec<u8>> = None;
+        let mut last_answer = String::from("none yet");
+        loop {
+            let state = systemd.state().await?;
+            if started.is_none() && !state.invocation.is_empty() && state.invocation != before.invocation {
+                started = Some(state.invocation.clone());
+            }
+            if let Some(invocation) = &started {
+                if state.start_failed() || state.invocation != *invocation {
+                    bail!("{unit} failed to start at level {level} ({state}, Result={})", systemd.result().await);
+                }
+                match self.health.check().await {
+                    Ok(()) => break,
+                    Err(e) => last_answer = format!("{e:#}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                match started {
+                    None => bail!(
+                        "{unit} did not start a new process within systemd.health_timeout = {} of RestartUnit ({state})",
+                        format_duration(timeout)
+                    ),
+                    Some(_) => bail!(
+                        "etcd at {} was not healthy within systemd.health_timeout = {} of restarting {unit} at level \
+                         {level} (last answer: {last_answer})",
+                        self.health,
+                        format_duration(timeout)
+                    ),
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        tracing::info!(unit = %unit, level = %level, url = %self.health, "etcd is healthy after the restart");
+        self.settle_record(level)?;
+        if self.levels.runs_agent(level) {
+            let ready = self.cfg.ready_timeout.0;
+            readiness.wait_ready_since(since, ready).await.with_context(|| {
+                format!(
+                    "the Node was not Ready on a heartbeat newer than the restart of {unit} within \
+                     systemd.ready_timeout = {}",
+                    format_duration(ready)
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// After k3s started at `level`: the hook recorded the level its drop-in names,
+    /// which for levels with equal flags (`full`, `control-plane`) may be the other
+    /// one. k3s runs with `level`'s flags either way; the record says `level`, so
+    /// `current_level()` returns where the step went.
+    fn settle_record(&self, level: Level) -> anyhow::Result<()> {
+        match record::read(&self.cfg.record)? {
+            Some(r) if r == level => return Ok(()),
+            Some(r) if self.levels.needs_restart(r, level) => bail!(
+                "{} started at level {r} according to {} where {level} was expected: its drop-in {} was changed \
+                 meanwhile",
+                self.cfg.unit,
+                self.cfg.record.display(),
+                self.cfg.dropin.display()
+            ),
+            Some(_) => {}
+            None => tracing::warn!(
+                record = %self.cfg.record.display(),
+                "k3s started without recording its level: is the ExecStartPre hook (regrade record-start) installed?"
+            ),
+        }
+        record::write(&self.cfg.record, level)
+    }
+
+    /// Puts the drop-in back as it was and restarts into `level`; says what it did.
+    async fn restore(&self, previous: Option<&[u8]>, level: Level, readiness: &dyn NodeReadiness) -> String {
+        let path = self.cfg.dropin.display();
+        let what = match previous {
+            Some(_) => format!("put the previous drop-in {path} back"),
+            None => format!("removed the drop-in {path} again"),
+        };
+        if let Err(e) = dropin::put(&self.cfg.dropin, previous) {
+            return format!("could NOT restore the drop-in of level {level}: {e:#}; k3s will start with the new one");
+        }
+        match self.restart_into(level, readiness).await {
+            Ok(()) => format!("{what} and restarted {} at level {level}, which serves again", self.cfg.unit),
+            Err(e) => format!("{what} and restarted {} at level {level}, but that failed too: {e:#}", self.cfg.unit),
+        }
     }
 }
 
@@ -74,21 +215,110 @@ impl Actuator for SystemdActuator {
         &Level::ALL
     }
 
-    /// The level `regrade record-start` recorded when k3s last started; none = `full`.
+    /// The level on record (written by `regrade record-start` when k3s started, or by
+    /// a step that needed no restart); no record = `full`.
     async fn current_level(&self) -> anyhow::Result<Level> {
-        match std::fs::read_to_string(&self.record) {
-            Ok(s) => s.trim().parse().map_err(|e| anyhow::anyhow!("{}: {e}", self.record.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Level::Full),
-            Err(e) => Err(anyhow::anyhow!("reading {}: {e}", self.record.display())),
+        Ok(record::read(&self.cfg.record)?.unwrap_or(Level::Full))
+    }
+
+    async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let from = self.current_level().await?;
+        if from == level {
+            return Ok(());
+        }
+        if !self.levels.needs_restart(from, level) {
+            // Same flags: the running k3s is already at `level`; only the record moves.
+            // The drop-in stays as it is (its flags are the same).
+            return record::write(&self.cfg.record, level);
+        }
+        let previous = dropin::snapshot(&self.cfg.dropin)?;
+        // A failed write leaves the old file whole (see dropin::put): nothing to undo.
+        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes))
+            .with_context(|| format!("stepping k3s from {from} to {level}: nothing was changed"))?;
+        match self.restart_into(level, readiness).await {
+            Ok(()) => Ok(()),
+            Err(failure) => {
+                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %level, "step failed; restoring");
+                let restored = self.restore(previous.as_deref(), from, readiness).await;
+                Err(anyhow!("stepping k3s from {from} to {level} failed: {failure:#}; {restored}"))
+            }
         }
     }
 
-    async fn apply_level(&mut self, _level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
-        anyhow::bail!("no actuator is configured in this build yet: the systemd actuator is not implemented (issue 4)")
+    async fn disagreement(&self) -> Option<String> {
+        let (path, rec) = (self.cfg.dropin.display(), self.cfg.record.display());
+        let recorded = match record::read(&self.cfg.record) {
+            Ok(Some(l)) => l,
+            Ok(None) => return None,
+            Err(e) => return Some(format!("{e:#}")),
+        };
+        match self.dropin() {
+            Err(e) => Some(format!("{e:#}")),
+            Ok(Dropin::Edited { claimed }) => Some(format!(
+                "{path} was changed outside regrade (it is not what regrade writes for {}); k3s was started at level \
+                 {recorded} ({rec})",
+                claimed.map_or("any level".to_string(), |l| format!("level {l}"))
+            )),
+            Ok(d) => {
+                let file_level = d.level().unwrap_or(Level::Full);
+                self.levels.needs_restart(file_level, recorded).then(|| {
+                    format!(
+                        "{path} holds the flags of level {file_level} but k3s ({}) runs at level {recorded} ({rec}): \
+                         regrade stopped between writing the drop-in and restarting k3s, or the file was changed",
+                        self.cfg.unit
+                    )
+                })
+            }
+        }
+    }
+
+    /// Converges on the running k3s: rewrites the drop-in for the recorded level (see
+    /// the module's documentation for why), without a restart.
+    async fn reconcile(&mut self, _readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let Some(d) = self.disagreement().await else { return Ok(()) };
+        let recorded = self.current_level().await?;
+        dropin::put(&self.cfg.dropin, self.dropin_for(recorded).as_deref().map(str::as_bytes))?;
+        tracing::warn!(
+            disagreement = %d,
+            level = %recorded,
+            dropin = %self.cfg.dropin.display(),
+            "converged on the level k3s runs at: rewrote the drop-in for it; k3s was not restarted"
+        );
+        Ok(())
     }
 }
 
-/// `regrade record-start`, the ExecStartPre hook of k3s.service.
-pub fn record_start(_cfg: &Config) -> anyhow::Result<std::process::ExitCode> {
-    anyhow::bail!("record-start is not implemented yet (issue 4)")
+/// `regrade record-start`, the `ExecStartPre` hook of k3s.service: records the level
+/// k3s is being started at. It never fails the start: an unreadable drop-in is
+/// recorded as `full`, and a record it cannot write is logged.
+pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
+    let sd = &cfg.systemd;
+    let path = sd.dropin.display();
+    let started = match dropin::read(&sd.dropin, &cfg.levels) {
+        Ok(Dropin::Absent) => Level::Full,
+        Ok(Dropin::Level(l)) => l,
+        Ok(Dropin::Edited { claimed: Some(l) }) => {
+            tracing::warn!(dropin = %path, level = %l, "the drop-in was edited by hand; recording the level it names");
+            l
+        }
+        Ok(Dropin::Edited { claimed: None }) => {
+            tracing::warn!(dropin = %path, "the drop-in names no regrade level; recording full");
+            Level::Full
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "could not read the drop-in; recording full");
+            Level::Full
+        }
+    };
+    // A level with the same flags as the one on record (e.g. control-plane, reached
+    // without a restart) survives a restart of k3s: k3s runs the same either way.
+    let level = match record::read(&sd.record) {
+        Ok(Some(prev)) if !cfg.levels.needs_restart(prev, started) => prev,
+        _ => started,
+    };
+    match record::write(&sd.record, level) {
+        Ok(()) => tracing::info!(level = %level, record = %sd.record.display(), "recorded the level k3s starts at"),
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "could not record the level k3s starts at"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,198 @@
+//! regrade's k3s config drop-in: rendering a level's flags as YAML, reading back
+//! which level a file on disk stands for, and replacing or removing it atomically.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::config::{FlagValue, LevelsConfig};
+use crate::level::Level;
+
+/// The comment line that names the level a drop-in was written for. k3s ignores
+/// comments; `record-start` and the start-up check read it back.
+const LEVEL_MARK: &str = "# regrade-level: ";
+
+/// What regrade's drop-in path holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dropin {
+    /// No file: k3s runs with its own configuration only (`full`'s flags).
+    Absent,
+    /// Exactly what regrade writes for this level.
+    Level(Level),
+    /// Something regrade did not write as it is: edited by hand, or not regrade's.
+    /// `claimed` is the level its mark names, if it has one.
+    Edited { claimed: Option<Level> },
+}
+
+impl Dropin {
+    /// The level whose flags k3s will start with, as far as the file says.
+    pub fn level(&self) -> Option<Level> {
+        match self {
+            Dropin::Absent => Some(Level::Full),
+            Dropin::Level(l) => Some(*l),
+            Dropin::Edited { claimed } => *claimed,
+        }
+    }
+}
+
+/// The file regrade keeps at `level`; `None` when the level has no flags of its own
+/// (the file is then absent: regrade never writes `false` to undo a flag).
+pub fn render(levels: &LevelsConfig, level: Level) -> Option<String> {
+    let flags = levels.k3s_flags(level);
+    if flags.is_empty() {
+        return None;
+    }
+    Some(render_flags(level, &flags))
+}
+
+fn render_flags(level: Level, flags: &BTreeMap<String, FlagValue>) -> String {
+    let mut o = String::new();
+    o += "# Written by regrade: the k3s flags of the level this server runs at.\n";
+    o += "# regrade replaces or removes this file when it steps; do not edit it by hand.\n";
+    o += &format!("{LEVEL_MARK}{level}\n");
+    for (name, value) in flags {
+        let key = yaml_key(name);
+        match value {
+            FlagValue::Bool(b) => o += &format!("{key}: {b}\n"),
+            FlagValue::Int(i) => o += &format!("{key}: {i}\n"),
+            FlagValue::Str(s) => o += &format!("{key}: {}\n", yaml_str(s)),
+            FlagValue::List(items) if items.is_empty() => o += &format!("{key}: []\n"),
+            FlagValue::List(items) => {
+                o += &format!("{key}:\n");
+                for item in items {
+                    o += &format!("  - {}\n", yaml_str(item));
+                }
+            }
+        }
+    }
+    o
+}
+
+/// A flag name as a YAML key: bare when it is a plain k3s flag name, quoted otherwise.
+fn yaml_key(name: &str) -> String {
+    let plain = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'))
+        && name.starts_with(|c: char| c.is_ascii_alphabetic());
+    if plain {
+        name.to_string()
+    } else {
+        yaml_str(name)
+    }
+}
+
+/// A double-quoted YAML scalar. JSON's string escapes are a subset of YAML's.
+fn yaml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("a string always serialises")
+}
+
+/// Reads the drop-in at `path` and says which level it stands for.
+pub fn read(path: &Path, levels: &LevelsConfig) -> anyhow::Result<Dropin> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Dropin::Absent),
+        Err(e) => return Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
+    };
+    let claimed = text.lines().find_map(|l| l.strip_prefix(LEVEL_MARK)).and_then(|l| l.trim().parse::<Level>().ok());
+    Ok(match claimed {
+        Some(level) if render(levels, level).as_deref() == Some(text.as_str()) => Dropin::Level(level),
+        _ => Dropin::Edited { claimed },
+    })
+}
+
+/// The raw bytes at `path` (to put back after a failed step), `None` when absent.
+pub fn snapshot(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
+    }
+}
+
+/// Makes `path` hold `content` (or not exist, for `None`), so that k3s sees either
+/// the old file or the new one whole, even across a crash: a temporary file in the
+/// same directory, fsync, rename over, fsync the directory.
+pub fn put(path: &Path, content: Option<&[u8]>) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match content {
+        Some(bytes) => {
+            fs::create_dir_all(dir).with_context(|| format!("creating the drop-in directory {}", dir.display()))?;
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            // k3s reads only *.yaml, so the temporary name must not end in .yaml.
+            let tmp = dir.join(format!(".{name}.regrade-tmp"));
+            let write = || -> io::Result<()> {
+                let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+                f.write_all(bytes)?;
+                f.sync_all()?;
+                fs::rename(&tmp, path)
+            };
+            if let Err(e) = write() {
+                let _ = fs::remove_file(&tmp);
+                return Err(e).with_context(|| format!("writing the k3s drop-in {}", path.display()));
+            }
+        }
+        None => match fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("removing the k3s drop-in {}", path.display())),
+        },
+    }
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing the drop-in directory {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn levels(toml: &str) -> LevelsConfig {
+        Config::parse(toml).unwrap().levels
+    }
+
+    #[test]
+    fn etcd_only_renders_its_three_flags_and_full_nothing() {
+        let l = levels("");
+        let text = render(&l, Level::EtcdOnly).unwrap();
+        assert!(text.contains("# regrade-level: etcd-only\n"), "{text}");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(body, ["disable-apiserver: true", "disable-controller-manager: true", "disable-scheduler: true"]);
+        assert_eq!(render(&l, Level::Full), None);
+        assert_eq!(render(&l, Level::ControlPlane), None);
+    }
+
+    #[test]
+    fn every_value_kind_renders_as_yaml() {
+        let l = levels(
+            "[levels.etcd-only.k3s]\ndisable-apiserver = true\nkubelet-arg = [\"max-pods=10\", \"a\\\"b\"]\n\
+             node-name = \"x: y\"\nhttps-listen-port = 7443\ndisable = []\n",
+        );
+        let text = render(&l, Level::EtcdOnly).unwrap();
+        assert!(text.contains("kubelet-arg:\n  - \"max-pods=10\"\n  - \"a\\\"b\"\n"), "{text}");
+        assert!(text.contains("node-name: \"x: y\"\n"), "{text}");
+        assert!(text.contains("https-listen-port: 7443\n"), "{text}");
+        assert!(text.contains("disable: []\n"), "{text}");
+    }
+
+    #[test]
+    fn reading_back_tells_written_edited_and_absent_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml.d/50-regrade.yaml");
+        let l = levels("");
+        assert_eq!(read(&path, &l).unwrap(), Dropin::Absent);
+        put(&path, render(&l, Level::EtcdOnly).as_deref().map(str::as_bytes)).unwrap();
+        assert_eq!(read(&path, &l).unwrap(), Dropin::Level(Level::EtcdOnly));
+        let edited = fs::read_to_string(&path).unwrap().replace("disable-scheduler: true\n", "");
+        fs::write(&path, edited).unwrap();
+        assert_eq!(read(&path, &l).unwrap(), Dropin::Edited { claimed: Some(Level::EtcdOnly) });
+        fs::write(&path, "disable-apiserver: true\n").unwrap();
+        assert_eq!(read(&path, &l).unwrap(), Dropin::Edited { claimed: None });
+        put(&path, None).unwrap();
+        assert_eq!(read(&path, &l).unwrap(), Dropin::Absent);
+        put(&path, None).unwrap();
+        let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert!(names.is_empty(), "no temporary file is left behind: {names:?}");
+    }
+}

@@ -1,0 +1,103 @@
+//! etcd's health endpoint, which k3s serves without TLS (`http://127.0.0.1:2381/health`):
+//! one plain HTTP/1.0 GET over a TCP stream, so no HTTP client crate is needed.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One attempt may take this long before it counts as unhealthy.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An `http://host:port/path` URL, the only form etcd's health endpoint takes here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthUrl {
+    authority: String,
+    path: String,
+}
+
+impl HealthUrl {
+    pub fn parse(url: &str) -> anyhow::Result<HealthUrl> {
+        let Some(rest) = url.strip_prefix("http://") else {
+            bail!("systemd.etcd_health_url = {url:?} must start with http:// (k3s serves etcd's health without TLS)");
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+        if authority.is_empty() || !has_port {
+            bail!("systemd.etcd_health_url = {url:?} must name a host and a port, e.g. http://127.0.0.1:2381/health");
+        }
+        Ok(HealthUrl { authority: authority.to_string(), path: path.to_string() })
+    }
+
+    /// Ok when etcd answers 200 with `"health":"true"`; otherwise what it said.
+    pub async fn check(&self) -> anyhow::Result<()> {
+        tokio::time::timeout(ATTEMPT_TIMEOUT, self.get())
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within {ATTEMPT_TIMEOUT:?}"))?
+    }
+
+    async fn get(&self) -> anyhow::Result<()> {
+        let mut s = TcpStream::connect(&self.authority).await.context("connecting")?;
+        let req = format!("GET {} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n\r\n", self.path, self.authority);
+        s.write_all(req.as_bytes()).await.context("sending the request")?;
+        let mut buf = Vec::new();
+        s.take(64 * 1024).read_to_end(&mut buf).await.context("reading the answer")?;
+        let text = String::from_utf8_lossy(&buf);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head.lines().next().unwrap_or("");
+        let healthy = body.replace(' ', "").contains("\"health\":\"true\"");
+        if status.split_whitespace().nth(1) == Some("200") && healthy {
+            Ok(())
+        } else {
+            bail!("answered {:?}: {}", status, body.trim())
+        }
+    }
+}
+
+impl std::fmt::Display for HealthUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn urls_need_http_a_host_and_a_port() {
+        let u = HealthUrl::parse("http://127.0.0.1:2381/health").unwrap();
+        assert_eq!(u.to_string(), "http://127.0.0.1:2381/health");
+        assert!(format!("{:#}", HealthUrl::parse("https://127.0.0.1:2381/health").unwrap_err())
+            .contains("systemd.etcd_health_url"));
+        assert!(HealthUrl::parse("http://127.0.0.1/health").is_err());
+    }
+
+    async fn serve_once(answer: &'static str) -> HealthUrl {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            s.write_all(answer.as_bytes()).await.unwrap();
+        });
+        HealthUrl::parse(&format!("http://{addr}/health")).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn healthy_only_on_200_with_health_true() {
+        let ok = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"health\":\"true\",\"reason\":\"\"}";
+        serve_once(ok).await.check().await.unwrap();
+        let bad = "HTTP/1.1 503 Service Unavailable\r\n\r\n{\"health\":\"false\",\"reason\":\"delay\"}";
+        let e = format!("{:#}", serve_once(bad).await.check().await.unwrap_err());
+        assert!(e.contains("503") && e.contains("delay"), "{e}");
+        let lying = "HTTP/1.1 200 OK\r\n\r\n{\"health\":\"false\"}";
+        assert!(serve_once(lying).await.check().await.is_err());
+    }
+}

@@ -1,0 +1,51 @@
+//! The record of the level k3s was started at (or, after a step that needed no
+//! restart, runs at now), under `/run` so a reboot forgets it while the drop-in stays.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::level::Level;
+
+/// The recorded level; `None` when there is no record (k3s not started through the
+/// hook since boot).
+pub fn read(path: &Path) -> anyhow::Result<Option<Level>> {
+    match fs::read_to_string(path) {
+        Ok(s) => s.trim().parse().map(Some).map_err(|e| anyhow::anyhow!("the level record {}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the level record {}", path.display())),
+    }
+}
+
+/// Replaces the record whole (temporary file and rename), creating its directory.
+pub fn write(path: &Path, level: Level) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+    let write = || -> io::Result<()> {
+        fs::create_dir_all(dir)?;
+        let mut f = fs::File::create(&tmp)?;
+        writeln!(f, "{level}")?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().with_context(|| format!("writing the level record {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_names_the_file_when_garbled() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regrade/started-level");
+        assert_eq!(read(&p).unwrap(), None);
+        write(&p, Level::EtcdOnly).unwrap();
+        assert_eq!(read(&p).unwrap(), Some(Level::EtcdOnly));
+        fs::write(&p, "half").unwrap();
+        let e = format!("{:#}", read(&p).unwrap_err());
+        assert!(e.contains("started-level") && e.contains("half"), "{e}");
+    }
+}

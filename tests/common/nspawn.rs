@@ -1,0 +1,167 @@
+//! The systemd tests' container (tests/nspawn/container.sh): a booted Debian with a
+//! real systemd and D-Bus, the k3s stand-in as k3s.service, the drop-in directory and
+//! /run/regrade shared with the host. Gated by REGRADE_TEST_SYSTEMD=1 (needs root).
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The containers share one loopback address: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+pub fn enabled(test: &str) -> bool {
+    if std::env::var("REGRADE_TEST_SYSTEMD").as_deref() == Ok("1") {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: set REGRADE_TEST_SYSTEMD=1 (root; boots a container with systemd-nspawn)");
+    false
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nspawn/container.sh")
+}
+
+pub struct Container {
+    pub name: String,
+    vars: HashMap<String, String>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Container {
+    pub fn up(name: &str) -> Container {
+        let lock = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let out = Command::new(script())
+            .args(["up", name])
+            .env("REGRADE_BIN", env!("CARGO_BIN_EXE_regrade"))
+            .output()
+            .expect("running tests/nspawn/container.sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            let _ = Command::new(script()).args(["down", name]).status();
+            panic!("container.sh up {name} failed:\n{stderr}");
+        }
+        let vars = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let c = Container { name: name.to_string(), vars, _lock: lock };
+        // The system bus the actuator under test talks to is the container's.
+        std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", c.var("BUS"));
+        c
+    }
+
+    pub fn var(&self, k: &str) -> &str {
+        self.vars.get(k).unwrap_or_else(|| panic!("container.sh printed no {k}"))
+    }
+
+    pub fn etc(&self) -> PathBuf {
+        PathBuf::from(self.var("ETC"))
+    }
+
+    pub fn dropin(&self) -> PathBuf {
+        self.etc().join("config.yaml.d/50-regrade.yaml")
+    }
+
+    pub fn record(&self) -> PathBuf {
+        PathBuf::from(self.var("RUN")).join("started-level")
+    }
+
+    pub fn record_text(&self) -> String {
+        std::fs::read_to_string(self.record()).unwrap_or_default().trim().to_string()
+    }
+
+    /// The regrade configuration of a host-side actuator driving this container.
+    pub fn config(&self, health_timeout: &str, extra: &str) -> regrade::config::Config {
+        regrade::config::Config::parse(&self.config_text(health_timeout, extra)).unwrap()
+    }
+
+    pub fn config_text(&self, health_timeout: &str, extra: &str) -> String {
+        format!(
+            "[systemd]\ndropin = {:?}\nrecord = {:?}\netcd_health_url = {:?}\nhealth_timeout = {health_timeout:?}\n\
+             ready_timeout = \"5s\"\n{extra}",
+            self.dropin(),
+            self.record(),
+            self.var("HEALTH_URL")
+        )
+    }
+
+    /// Runs a command inside the container; its stdout.
+    pub fn exec(&self, args: &[&str]) -> String {
+        let out =
+            Command::new("nsenter").args(["-t", self.var("PID"), "-a"]).args(args).output().expect("running nsenter");
+        assert!(out.status.success(), "{args:?} in the container: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn k3s_prop(&self, prop: &str) -> String {
+        self.exec(&["systemctl", "show", "-P", prop, "k3s.service"]).trim().to_string()
+    }
+
+    /// How many times k3s.service has started (the hook logs one line per start).
+    pub fn k3s_starts(&self) -> usize {
+        self.exec(&["journalctl", "-u", "k3s.service", "-o", "cat", "--no-pager"])
+            .lines()
+            .filter(|l| l.contains("recorded the level k3s starts at"))
+            .count()
+    }
+
+    /// The stand-in's report of the flags it runs with.
+    pub fn standin_flags(&self) -> serde_json::Value {
+        // /run is the container's own tmpfs: reach it through its PID 1.
+        let p = PathBuf::from(format!("/proc/{}/root/run/k3s-standin/flags.json", self.var("PID")));
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub fn healthy(&self) -> bool {
+        health_ok(self.var("HEALTH_URL"))
+    }
+
+    pub fn wait_healthy(&self, within: Duration) {
+        let t0 = Instant::now();
+        while !self.healthy() {
+            assert!(t0.elapsed() < within, "etcd at {} not healthy within {within:?}", self.var("HEALTH_URL"));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // The hook has run by now (it runs before the stand-in starts).
+        while self.record_text().is_empty() {
+            assert!(t0.elapsed() < within, "no record at {}", self.record().display());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(out) = Command::new("nsenter")
+                .args(["-t", self.var("PID"), "-a", "journalctl", "-u", "k3s.service", "--no-pager", "-n", "60"])
+                .output()
+            {
+                eprintln!("--- k3s.service journal ---\n{}", String::from_utf8_lossy(&out.stdout));
+            }
+        }
+        let _ = Command::new(script()).args(["down", &self.name]).status();
+    }
+}
+
+/// A blocking GET of etcd's health URL (`http://host:port/path`).
+pub fn health_ok(url: &str) -> bool {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (auth, path) = rest.split_at(rest.find('/').unwrap());
+    let Ok(mut s) = TcpStream::connect(auth) else { return false };
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {auth}\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_whitespace().nth(1) == Some("200") && text.contains("\"health\":\"true\"")
+}

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# TEST RIG: boots a Debian container with a real systemd and D-Bus for regrade's
+# systemd tests, or stops and removes one.
+#
+#   container.sh up NAME     boot; print KEY=VALUE lines (below) on stdout
+#   container.sh down NAME   stop (poweroff, then SIGKILL of our nspawn), remove its files
+#
+# Network: the container shares the host's network namespace (no --private-network)
+# and its k3s stand-in listens on a loopback address of its own,
+# ${REGRADE_NSPAWN_ADDR:-127.0.0.61} (etcd /health on ADDR:2381, client 2379, peer
+# 2380; API on ADDR:${REGRADE_NSPAWN_API_PORT:-16443}), so a test on the host reaches
+# etcd's health URL directly and talks to nothing but loopback.
+#
+# Shared with the host (bind mounts), so host-side tests see what the container sees:
+#   ETC  -> /etc/rancher/k3s     (config.yaml, config.yaml.d/ with regrade's drop-in,
+#                                 the stand-in's knob files)
+#   RUN  -> /run/regrade         (record-start's record)
+# The container's system bus: DBUS_SYSTEM_BUS_ADDRESS=$BUS.
+#
+# Inputs (env): REGRADE_BIN (the regrade binary to install; required for up),
+# REGRADE_STANDIN_BIN_DIR (k3s-standin and kube-apiserver; default: tests/rig/build.sh),
+# REGRADE_NSPAWN_HEALTH_DELAY (default 3s), REGRADE_TEST_CACHE.
+# Output of up: PID NSPAWN_PID DIR ROOT ETC RUN BUS HEALTH_URL ADDR
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}"
+cmd="${1:?usage: container.sh up|down NAME}"
+name="${2:?usage: container.sh up|down NAME}"
+case "$name" in *[!a-zA-Z0-9-]*) echo "container.sh: bad name $name" >&2; exit 2 ;; esac
+dir="$cache/nspawn-run/$name"
+addr="${REGRADE_NSPAWN_ADDR:-127.0.0.61}"
+api_port="${REGRADE_NSPAWN_API_PORT:-16443}"
+
+log() { echo "container.sh[$name]: $*" >&2; }
+
+pid1_of() { # the container's PID 1: the child of our nspawn process
+  local np="$1"
+  pgrep -P "$np" 2>/dev/null | head -n1
+}
+
+down() {
+  [ -d "$dir" ] || return 0
+  local np=""
+  [ -f "$dir/nspawn.pid" ] && np="$(cat "$dir/nspawn.pid")"
+  if [ -n "$np" ] && kill -0 "$np" 2>/dev/null; then
+    local p1; p1="$(pid1_of "$np" || true)"
+    # SIGRTMIN+4 asks systemd (as PID 1) to power off.
+    [ -n "$p1" ] && kill -s RTMIN+4 "$p1" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$np" 2>/dev/null || break; sleep 0.5; done
+    if kill -0 "$np" 2>/dev/null; then
+      log "nspawn $np did not stop within 30s; killing it"
+      kill -9 "$np" 2>/dev/null || true
+      for _ in $(seq 1 20); do kill -0 "$np" 2>/dev/null || break; sleep 0.5; done
+    fi
+  fi
+  # Only once nspawn is gone: its bind mounts lived in its own mount namespace.
+  rm -rf "$dir"
+}
+
+up() {
+  : "${REGRADE_BIN:?REGRADE_BIN must name the regrade binary to install}"
+  down
+  local root bin
+  root="$("$here/rootfs.sh" | tail -n1)"
+  bin="${REGRADE_STANDIN_BIN_DIR:-$("$repo/tests/rig/build.sh" | tail -n1)}"
+  [ -x "$bin/k3s-standin" ] || { log "no k3s-standin in $bin"; exit 1; }
+  mkdir -p "$dir/etc-k3s/config.yaml.d" "$dir/run-regrade"
+  cp -a "$root" "$dir/root"
+  local sys="$dir/root/etc/systemd/system"
+  sed -e "s/@ADDR@/$addr/g" -e "s/@APIPORT@/$api_port/g" \
+      -e "s/@DELAY@/${REGRADE_NSPAWN_HEALTH_DELAY:-3s}/g" "$here/k3s.service" > "$sys/k3s.service"
+  mkdir -p "$sys/k3s.service.d" "$sys/multi-user.target.wants"
+  cp "$repo/packaging/systemd/k3s.service.d/regrade.conf" "$sys/k3s.service.d/"
+  ln -sf ../k3s.service "$sys/multi-user.target.wants/k3s.service"
+  # The shipped regrade unit, installed but not enabled: systemd-analyze security reads it.
+  cp "$repo/packaging/systemd/regrade.service" "$sys/regrade.service"
+  mkdir -p "$dir/root/etc/rancher/k3s" "$dir/root/run/regrade"
+  log "booting (rootfs $root, stand-in $bin, address $addr)"
+  setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive \
+    -D "$dir/root" -M "$name" \
+    --bind="$dir/etc-k3s:/etc/rancher/k3s" --bind="$dir/run-regrade:/run/regrade" \
+    --bind-ro="$REGRADE_BIN:/usr/local/bin/regrade" \
+    --bind-ro="$bin/k3s-standin:/usr/local/bin/k3s-standin" \
+    --bind-ro="$bin/kube-apiserver:/usr/local/bin/kube-apiserver" \
+    </dev/null >"$dir/console.log" 2>&1 &
+  local np=$!
+  echo "$np" > "$dir/nspawn.pid"
+  local p1="" bus=""
+  for _ in $(seq 1 120); do
+    kill -0 "$np" 2>/dev/null || { log "nspawn exited:"; cat "$dir/console.log" >&2; exit 1; }
+    p1="$(pid1_of "$np" || true)"
+    if [ -n "$p1" ] && [ -S "/proc/$p1/root/run/dbus/system_bus_socket" ]; then
+      bus="unix:path=/proc/$p1/root/run/dbus/system_bus_socket"
+      # Booted far enough when systemd answers on the bus and k3s.service has a job or runs.
+      if state="$(nsenter -t "$p1" -a systemctl is-system-running 2>/dev/null)"; then :; fi
+      case "${state:-}" in running|degraded) break ;; esac
+    fi
+    sleep 0.5
+  done
+  [ -n "$bus" ] || { log "no system bus after 60s"; cat "$dir/console.log" >&2; exit 1; }
+  echo "PID=$p1"
+  echo "NSPAWN_PID=$np"
+  echo "DIR=$dir"
+  echo "ROOT=$dir/root"
+  echo "ETC=$dir/etc-k3s"
+  echo "RUN=$dir/run-regrade"
+  echo "BUS=$bus"
+  echo "ADDR=$addr"
+  echo "HEALTH_URL=http://$addr:2381/health"
+}
+
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  *) echo "usage: container.sh up|down NAME" >&2; exit 2 ;;
+esac

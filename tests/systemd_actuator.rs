@@ -1,0 +1,219 @@
+//! The systemd actuator against a real systemd and D-Bus: a Debian booted in
+//! systemd-nspawn whose k3s.service runs the k3s stand-in (tests/nspawn/). The
+//! actuator runs here on the host and reaches the container's system bus through
+//! DBUS_SYSTEM_BUS_ADDRESS; the drop-in directory and /run/regrade are shared.
+//! Gated by REGRADE_TEST_SYSTEMD=1 (root). Run with --test-threads=1 or not: the
+//! containers take turns.
+
+mod common;
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use common::nspawn::{enabled, Container};
+use regrade::actuator::systemd::{dropin, SystemdActuator};
+use regrade::actuator::{Actuator, NodeReadiness};
+use regrade::level::Level;
+
+/// Stands in for the cluster's readiness wait (its own tests run against a real API
+/// server): records the restart time each wait was asked for.
+#[derive(Default)]
+struct Readiness(RefCell<Vec<SystemTime>>);
+
+#[async_trait(?Send)]
+impl NodeReadiness for Readiness {
+    async fn wait_ready_since(&self, since: SystemTime, _timeout: Duration) -> anyhow::Result<()> {
+        self.0.borrow_mut().push(since);
+        Ok(())
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+fn flag(c: &Container, name: &str) -> serde_json::Value {
+    c.standin_flags()["flags"][name].clone()
+}
+
+/// Boots a container and brings its k3s to control-plane (no restart on the way).
+fn at_control_plane(name: &str, health_timeout: &str, extra: &str) -> (Container, SystemdActuator) {
+    let c = Container::up(name);
+    c.wait_healthy(Duration::from_secs(90));
+    assert_eq!(c.record_text(), "full", "the hook recorded full at boot (no drop-in)");
+    let mut a = SystemdActuator::new(&c.config(health_timeout, extra)).unwrap();
+    block_on(a.apply_level(Level::ControlPlane, &Readiness::default())).unwrap();
+    (c, a)
+}
+
+#[test]
+fn steps_restart_k3s_only_between_etcd_only_and_the_rest() {
+    if !enabled("steps_restart_k3s_only_between_etcd_only_and_the_rest") {
+        return;
+    }
+    let c = Container::up("regrade-steps");
+    c.wait_healthy(Duration::from_secs(90));
+    let mut a = SystemdActuator::new(&c.config("25s", "")).unwrap();
+    let ready = Readiness::default();
+    assert_eq!(block_on(a.current_level()).unwrap(), Level::Full);
+
+    // full -> control-plane: the drop-in untouched, k3s not restarted.
+    let inv = c.k3s_prop("InvocationID");
+    let starts = c.k3s_starts();
+    block_on(a.apply_level(Level::ControlPlane, &ready)).unwrap();
+    assert!(!c.dropin().exists());
+    assert_eq!(c.k3s_prop("InvocationID"), inv, "k3s was not restarted");
+    assert_eq!(c.k3s_starts(), starts);
+    assert_eq!(c.record_text(), "control-plane");
+    assert_eq!(block_on(a.current_level()).unwrap(), Level::ControlPlane);
+    assert!(ready.0.borrow().is_empty());
+
+    // control-plane -> etcd-only: exactly the level's flags, one restart, returns
+    // only once etcd is healthy (the stand-in's /health answers 503 for 3 s).
+    let (t0, wall0) = (Instant::now(), SystemTime::now());
+    block_on(a.apply_level(Level::EtcdOnly, &ready)).unwrap();
+    let took = t0.elapsed();
+    assert!(c.healthy(), "etcd is healthy when apply_level returns");
+    assert!(took >= Duration::from_millis(2500), "returned after {took:?}, before the 3 s health delay");
+    let text = std::fs::read_to_string(c.dropin()).unwrap();
+    let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(body, ["disable-apiserver: true", "disable-controller-manager: true", "disable-scheduler: true"]);
+    let inv2 = c.k3s_prop("InvocationID");
+    assert_ne!(inv2, inv, "k3s was restarted");
+    assert_eq!(c.k3s_starts(), starts + 1, "exactly one restart");
+    assert_eq!(c.record_text(), "etcd-only");
+    assert_eq!(flag(&c, "disable-apiserver"), serde_json::json!(true), "k3s runs with the drop-in's flags");
+    assert_eq!(ready.0.borrow().len(), 1, "the agent runs at etcd-only: readiness was waited for");
+    assert!(ready.0.borrow()[0] >= wall0, "readiness counts from the restart");
+
+    // Back up: etcd-only -> control-plane restarts once and removes the drop-in ...
+    block_on(a.apply_level(Level::ControlPlane, &ready)).unwrap();
+    assert!(c.healthy());
+    assert!(!c.dropin().exists(), "the drop-in is gone");
+    assert_ne!(c.k3s_prop("InvocationID"), inv2);
+    assert_eq!(c.k3s_starts(), starts + 2);
+    assert_eq!(c.record_text(), "control-plane");
+    assert_eq!(flag(&c, "disable-apiserver"), serde_json::json!(false));
+    assert_eq!(ready.0.borrow().len(), 2);
+    // ... and control-plane -> full does not restart.
+    let inv3 = c.k3s_prop("InvocationID");
+    block_on(a.apply_level(Level::Full, &ready)).unwrap();
+    assert_eq!(c.k3s_prop("InvocationID"), inv3);
+    assert_eq!(c.record_text(), "full");
+    assert_eq!(block_on(a.current_level()).unwrap(), Level::Full);
+
+    // An operator's restart of k3s at control-plane keeps the level on record: k3s
+    // runs the same at full and control-plane.
+    block_on(a.apply_level(Level::ControlPlane, &ready)).unwrap();
+    c.exec(&["systemctl", "restart", "--no-block", "k3s.service"]);
+    std::thread::sleep(Duration::from_secs(1));
+    c.wait_healthy(Duration::from_secs(60));
+    assert_eq!(c.record_text(), "control-plane");
+}
+
+#[test]
+fn health_that_never_comes_puts_the_previous_level_back() {
+    if !enabled("health_that_never_comes_puts_the_previous_level_back") {
+        return;
+    }
+    // etcd-only's flags point the stand-in's never-healthy knob at a file that exists:
+    // it stays unhealthy at etcd-only only.
+    let extra = "[levels.etcd-only.k3s]\ndisable-apiserver = true\ndisable-controller-manager = true\n\
+                 disable-scheduler = true\nnever-healthy-file = \"/etc/rancher/k3s/never-healthy-at-etcd-only\"\n";
+    let (c, mut a) = at_control_plane("regrade-unhealthy", "8s", extra);
+    std::fs::write(c.etc().join("never-healthy-at-etcd-only"), "").unwrap();
+    let starts = c.k3s_starts();
+    let t0 = Instant::now();
+    let e = format!("{:#}", block_on(a.apply_level(Level::EtcdOnly, &Readiness::default())).unwrap_err());
+    eprintln!("error: {e}");
+    assert!(t0.elapsed() >= Duration::from_secs(8), "gave up only after systemd.health_timeout");
+    assert!(e.contains("was not healthy within systemd.health_timeout = 8s"), "{e}");
+    assert!(e.contains("removed the drop-in") && e.contains("at level control-plane, which serves again"), "{e}");
+    assert!(!c.dropin().exists(), "the previous (absent) drop-in is back");
+    assert_eq!(c.k3s_starts(), starts + 2, "restarted into etcd-only, then back");
+    assert!(c.healthy());
+    assert_eq!(c.record_text(), "control-plane");
+    assert_eq!(block_on(a.current_level()).unwrap(), Level::ControlPlane);
+    assert_eq!(flag(&c, "disable-apiserver"), serde_json::json!(false));
+}
+
+#[test]
+fn a_unit_that_fails_to_start_puts_the_previous_level_back() {
+    if !enabled("a_unit_that_fails_to_start_puts_the_previous_level_back") {
+        return;
+    }
+    let (c, mut a) = at_control_plane("regrade-failstart", "25s", "");
+    let knob = c.etc().join("standin-fail-next-start");
+
+    // Down into etcd-only, the new start fails: back to control-plane (no drop-in).
+    std::fs::write(&knob, "").unwrap();
+    let starts = c.k3s_starts();
+    let e = format!("{:#}", block_on(a.apply_level(Level::EtcdOnly, &Readiness::default())).unwrap_err());
+    eprintln!("error: {e}");
+    assert!(e.contains("k3s.service failed to start at level etcd-only"), "{e}");
+    assert!(e.contains("at level control-plane, which serves again"), "{e}");
+    assert!(!knob.exists(), "the stand-in consumed its knob");
+    assert!(!c.dropin().exists());
+    assert!(c.k3s_starts() >= starts + 2);
+    assert!(c.healthy());
+    assert_eq!(c.record_text(), "control-plane");
+
+    // Up out of etcd-only, the new start fails: the etcd-only drop-in is put back as it was.
+    block_on(a.apply_level(Level::EtcdOnly, &Readiness::default())).unwrap();
+    let before = std::fs::read(c.dropin()).unwrap();
+    std::fs::write(&knob, "").unwrap();
+    let e = format!("{:#}", block_on(a.apply_level(Level::ControlPlane, &Readiness::default())).unwrap_err());
+    eprintln!("error: {e}");
+    assert!(e.contains("failed to start at level control-plane"), "{e}");
+    assert!(e.contains("put the previous drop-in") && e.contains("at level etcd-only, which serves again"), "{e}");
+    assert_eq!(std::fs::read(c.dropin()).unwrap(), before);
+    assert!(c.healthy());
+    assert_eq!(c.record_text(), "etcd-only");
+    assert_eq!(flag(&c, "disable-apiserver"), serde_json::json!(true));
+}
+
+#[test]
+fn a_drop_in_written_but_never_restarted_is_found_and_converged_on_the_running_k3s() {
+    if !enabled("a_drop_in_written_but_never_restarted_is_found_and_converged_on_the_running_k3s") {
+        return;
+    }
+    let (c, mut a) = at_control_plane("regrade-disagree", "25s", "");
+    let cfg = c.config("25s", "");
+    assert_eq!(block_on(a.disagreement()), None);
+
+    // The daemon wrote etcd-only's drop-in and was killed before it restarted k3s.
+    let text = dropin::render(&cfg.levels, Level::EtcdOnly).unwrap();
+    dropin::put(&c.dropin(), Some(text.as_bytes())).unwrap();
+    let inv = c.k3s_prop("InvocationID");
+    let d = block_on(a.disagreement()).expect("a disagreement");
+    assert!(d.contains("level etcd-only") && d.contains("runs at level control-plane"), "{d}");
+
+    // `status` shows it.
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("regrade.toml");
+    std::fs::write(&conf, c.config_text("25s", "")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .args(["--config", conf.to_str().unwrap(), "status", "--json"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(status["disagreement"].as_str().unwrap_or("").contains("etcd-only"), "{status}");
+    assert_eq!(status["level"], "control-plane");
+
+    // watch's start-up call converges on the running k3s: the drop-in goes, no restart.
+    block_on(a.reconcile(&Readiness::default())).unwrap();
+    assert!(!c.dropin().exists());
+    assert_eq!(c.k3s_prop("InvocationID"), inv, "k3s was not restarted");
+    assert_eq!(block_on(a.disagreement()), None);
+    assert_eq!(block_on(a.current_level()).unwrap(), Level::ControlPlane);
+
+    // A hand-edited drop-in is a disagreement too, and converges the same way.
+    std::fs::write(c.dropin(), "disable-apiserver: true\n").unwrap();
+    let d = block_on(a.disagreement()).expect("a disagreement");
+    assert!(d.contains("changed outside regrade"), "{d}");
+    block_on(a.reconcile(&Readiness::default())).unwrap();
+    assert!(!c.dropin().exists());
+    assert_eq!(c.k3s_prop("InvocationID"), inv);
+}

@@ -1,0 +1,102 @@
+//! `regrade record-start`, the ExecStartPre hook of k3s.service, run as a process:
+//! it records the level the drop-in names and never fails, whatever the drop-in.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use regrade::actuator::systemd::dropin;
+use regrade::config::Config;
+use regrade::level::Level;
+
+struct Host {
+    _dir: tempfile::TempDir,
+    conf: PathBuf,
+    dropin: PathBuf,
+    record: PathBuf,
+}
+
+fn host() -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let dropin = dir.path().join("k3s/config.yaml.d/50-regrade.yaml");
+    let record = dir.path().join("run/regrade/started-level");
+    let conf = dir.path().join("regrade.toml");
+    std::fs::write(&conf, format!("[systemd]\ndropin = {dropin:?}\nrecord = {record:?}\n")).unwrap();
+    Host { _dir: dir, conf, dropin, record }
+}
+
+/// Runs the hook; its stderr. Asserts it succeeded.
+fn record_start(h: &Host) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .args(["--config", h.conf.to_str().unwrap(), "record-start"])
+        .env_remove("JOURNAL_STREAM")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "record-start failed: {stderr}");
+    stderr
+}
+
+fn recorded(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap().trim().to_string()
+}
+
+fn write_level(h: &Host, level: Level) {
+    let text = dropin::render(&Config::default().levels, level).unwrap();
+    dropin::put(&h.dropin, Some(text.as_bytes())).unwrap();
+}
+
+#[test]
+fn records_the_level_the_drop_in_names() {
+    let h = host();
+    record_start(&h);
+    assert_eq!(recorded(&h.record), "full", "no drop-in: full");
+    write_level(&h, Level::EtcdOnly);
+    record_start(&h);
+    assert_eq!(recorded(&h.record), "etcd-only");
+}
+
+#[test]
+fn a_level_with_the_same_flags_survives_a_restart() {
+    let h = host();
+    std::fs::create_dir_all(h.record.parent().unwrap()).unwrap();
+    std::fs::write(&h.record, "control-plane\n").unwrap();
+    record_start(&h);
+    assert_eq!(recorded(&h.record), "control-plane", "k3s runs the same at full and control-plane");
+    write_level(&h, Level::EtcdOnly);
+    record_start(&h);
+    assert_eq!(recorded(&h.record), "etcd-only");
+}
+
+#[test]
+fn an_unreadable_drop_in_is_recorded_as_full_with_the_reason() {
+    let h = host();
+    std::fs::create_dir_all(&h.dropin).unwrap(); // a directory where the file should be
+    let stderr = record_start(&h);
+    assert_eq!(recorded(&h.record), "full");
+    assert!(stderr.contains("50-regrade.yaml") && stderr.contains("recording full"), "{stderr}");
+}
+
+#[test]
+fn a_hand_edited_drop_in_records_the_level_it_names_or_full() {
+    let h = host();
+    write_level(&h, Level::EtcdOnly);
+    let edited = std::fs::read_to_string(&h.dropin).unwrap() + "kubelet-arg: [\"max-pods=5\"]\n";
+    std::fs::write(&h.dropin, edited).unwrap();
+    let stderr = record_start(&h);
+    assert_eq!(recorded(&h.record), "etcd-only");
+    assert!(stderr.contains("edited"), "{stderr}");
+    std::fs::write(&h.dropin, "disable-apiserver: true\n").unwrap();
+    let stderr = record_start(&h);
+    assert_eq!(recorded(&h.record), "full");
+    assert!(stderr.contains("names no regrade level"), "{stderr}");
+}
+
+#[test]
+fn a_record_that_cannot_be_written_does_not_fail_the_start() {
+    let h = host();
+    // The record's directory is a regular file: nothing can be created under it.
+    std::fs::create_dir_all(h.record.parent().unwrap().parent().unwrap()).unwrap();
+    std::fs::write(h.record.parent().unwrap(), "").unwrap();
+    let stderr = record_start(&h);
+    assert!(stderr.contains("could not record"), "{stderr}");
+}
