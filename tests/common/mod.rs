@@ -51,13 +51,8 @@ pub fn start(test: &str) -> Option<Harness> {
         .expect("starting tests/rig/kube-harness.sh");
     // From here on, a panic kills the process group through Drop.
     let stdout = child.stdout.take().unwrap();
-    let mut h = Harness {
-        child,
-        admin_kubeconfig: PathBuf::new(),
-        server: String::new(),
-        bin_dir,
-        dir: PathBuf::new(),
-    };
+    let mut h =
+        Harness { child, admin_kubeconfig: PathBuf::new(), server: String::new(), bin_dir, dir: PathBuf::new() };
     let mut lines = BufReader::new(stdout).lines();
     h.admin_kubeconfig = PathBuf::from(lines.next().expect("harness printed nothing").unwrap());
     for line in lines.by_ref() {
@@ -211,10 +206,7 @@ pub async fn set_conditions(c: &kube::Client, k: &Kubelet<'_>) {
         });
     }
     let status = NodeStatus { conditions: Some(conditions), ..Default::default() };
-    nodes
-        .patch_status(k.name, &PatchParams::default(), &Patch::Merge(json!({ "status": status })))
-        .await
-        .unwrap();
+    nodes.patch_status(k.name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await.unwrap();
 }
 
 /// What the kubelet does every 10 s: renew its node Lease (creating it the first time).
