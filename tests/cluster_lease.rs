@@ -49,8 +49,9 @@ fn contenders_never_hold_the_lease_at_once() {
                                 }
                             }
                         }
+                        // Hold it long enough that a second holder would be caught.
                         let start = Instant::now();
-                        tokio::task::yield_now().await;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
                         let end = Instant::now();
                         intervals.lock().unwrap().push((start, end, who));
                         c.lease.release(&c.endpoints).await;

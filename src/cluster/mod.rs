@@ -306,3 +306,23 @@ impl Cluster for KubeCluster {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn bad_cluster_settings_name_the_key() {
+        assert!(err("[cluster]\nlease_duration = \"2s\"\n").contains("cluster.lease_duration"));
+        assert!(err("[cluster]\nrequest_timeout = \"0s\"\n").contains("cluster.request_timeout"));
+        assert!(err("[cluster]\nlevel_label = \"\"\n").contains("cluster.level_label"));
+        assert!(err("[cluster]\napi_servers = [\"10.0.0.2:6443\"]\n").contains("cluster.api_servers"));
+        let c =
+            Config::parse("[cluster]\napi_servers = [\"https://10.0.0.2:6443\"]\ntls_server_name = \"\"\n").unwrap();
+        assert_eq!(c.cluster.api_servers, ["https://10.0.0.2:6443"]);
+    }
+}

@@ -4,7 +4,7 @@
 //! and node Leases the tests renew or let go stale.
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,7 +37,11 @@ fn rig(script: &str) -> PathBuf {
 /// Starts a harness, or prints a notice and returns `None` when the gate is unset.
 pub fn start(test: &str) -> Option<Harness> {
     if std::env::var(GATE).as_deref() != Ok("1") {
-        eprintln!("SKIPPED {test}: set {GATE}=1 to run it against a real kube-apiserver (tests/rig)");
+        // Straight to stderr: libtest captures eprintln!, and a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: set {GATE}=1 to run it against a real kube-apiserver (tests/rig)"
+        );
         return None;
     }
     let build = Command::new(rig("build.sh")).stderr(Stdio::inherit()).output().expect("running tests/rig/build.sh");
