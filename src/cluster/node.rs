@@ -32,7 +32,9 @@ pub struct NodeMarks<'a> {
     pub set_annotation: &'a str,
 }
 
-const CONFLICT_RETRIES: usize = 10;
+/// How long 409s are retried before marking fails: other writers (the kubelet, the
+/// node controller, an operator) finish their edits well within it.
+const CONFLICT_PATIENCE: Duration = Duration::from_secs(30);
 
 impl NodeMarks<'_> {
     pub async fn get(&self, eps: &Endpoints) -> anyhow::Result<Node> {
@@ -43,7 +45,9 @@ impl NodeMarks<'_> {
     /// Puts the marks for `level` in place (see the module doc), retrying on 409.
     pub async fn apply(&self, eps: &Endpoints, level: Level, levels: &LevelsConfig) -> anyhow::Result<()> {
         let name = self.node_name;
-        for _ in 0..CONFLICT_RETRIES {
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0u32;
+        loop {
             let node = self.get(eps).await?;
             let Some(patch) = self.patch_for(&node, level, levels) else {
                 return Ok(());
@@ -56,14 +60,20 @@ impl NodeMarks<'_> {
                 .await;
             match r {
                 Ok(_) => return Ok(()),
+                Err(e) if e.is_conflict() && started.elapsed() < CONFLICT_PATIENCE => {
+                    tracing::debug!(node = name, attempt, "Node changed while marking it; redoing the edit");
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
                 Err(e) if e.is_conflict() => {
-                    tracing::debug!(node = name, "Node changed while marking it; redoing the edit");
-                    continue;
+                    anyhow::bail!(
+                        "{e}: the Node kept changing for {}s while regrade marked it",
+                        CONFLICT_PATIENCE.as_secs()
+                    )
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        anyhow::bail!("patch nodes/{name}: still conflicting after {CONFLICT_RETRIES} tries (409)")
     }
 
     /// The merge patch taking `node` to `level`'s marks, with the `resourceVersion` it
@@ -192,6 +202,13 @@ impl NodeMarks<'_> {
             tokio::time::sleep(Duration::from_secs(1).min(timeout / 4).max(Duration::from_millis(100))).await;
         }
     }
+}
+
+/// 10, 20, 40 … up to 640 ms, plus up to 10 ms of jitter so two retrying writers
+/// drift apart.
+fn backoff(attempt: u32) -> Duration {
+    let jitter = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_micros() % 10_000);
+    Duration::from_millis(10 << attempt.min(6)) + Duration::from_micros(jitter.into())
 }
 
 /// `metav1.Time` has whole seconds; write it so, so a re-read compares equal.
