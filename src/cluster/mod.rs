@@ -1,5 +1,14 @@
 //! Coordination across servers (SPEC §4): the Lease that serialises steps, the peer
 //! gate, and the Node marking. The step runner calls only [`Cluster`].
+//!
+//! [`KubeCluster`] is the real one. It is lazy: it reads the kubeconfig and talks to
+//! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
+
+pub mod endpoints;
+pub mod events;
+pub mod lease;
+pub mod node;
+pub mod peers;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -9,8 +18,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::actuator::NodeReadiness;
 use crate::config::{HumanDuration, LevelsConfig};
-use crate::decide::Step;
+use crate::decide::{Direction, Step};
 use crate::level::Level;
+use endpoints::{EndpointSettings, Endpoints};
+use lease::LeaseLock;
+use node::NodeMarks;
+use peers::PeerGate;
 
 /// `[cluster]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -32,6 +45,17 @@ pub struct ClusterConfig {
     pub taint_key: String,
     /// A peer whose node Lease is older than this is not Ready.
     pub peer_heartbeat_timeout: HumanDuration,
+    /// The annotation recording which of cordon and taint regrade set.
+    pub set_annotation: String,
+    /// The name an API server's certificate is checked against when the call goes to
+    /// an endpoint other than the kubeconfig's own (k3s puts `kubernetes` on every
+    /// server's certificate). Empty: check against the endpoint's host.
+    pub tls_server_name: String,
+    /// How long one API request may take before the next endpoint is tried.
+    pub request_timeout: HumanDuration,
+    /// Where the API servers discovered from `default/kubernetes` are cached, for when
+    /// the local one is disabled (`etcd-only`). Used only without `api_servers`.
+    pub endpoints_cache: PathBuf,
 }
 
 impl Default for ClusterConfig {
@@ -46,14 +70,41 @@ impl Default for ClusterConfig {
             level_label: "regrade.dev/level".into(),
             taint_key: "regrade.dev/stepped-down".into(),
             peer_heartbeat_timeout: HumanDuration(Duration::from_secs(40)),
+            set_annotation: "regrade.dev/set".into(),
+            tls_server_name: "kubernetes".into(),
+            request_timeout: HumanDuration(Duration::from_secs(10)),
+            endpoints_cache: PathBuf::from("/var/lib/regrade/api-endpoints"),
         }
     }
 }
 
 impl ClusterConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.lease_duration.0 < Duration::from_secs(1) {
-            anyhow::bail!("cluster.lease_duration must be at least 1s");
+        if self.lease_duration.0 < Duration::from_secs(3) {
+            anyhow::bail!("cluster.lease_duration must be at least 3s (it is renewed every third of it)");
+        }
+        for (key, d) in
+            [("request_timeout", self.request_timeout), ("peer_heartbeat_timeout", self.peer_heartbeat_timeout)]
+        {
+            if d.0.is_zero() {
+                anyhow::bail!("cluster.{key} must be more than 0");
+            }
+        }
+        for (key, v) in [
+            ("lease_namespace", &self.lease_namespace),
+            ("lease_name", &self.lease_name),
+            ("level_label", &self.level_label),
+            ("taint_key", &self.taint_key),
+            ("set_annotation", &self.set_annotation),
+        ] {
+            if v.is_empty() || v.contains(char::is_whitespace) {
+                anyhow::bail!("cluster.{key} = {v:?} must be a non-empty name without spaces");
+            }
+        }
+        for url in &self.api_servers {
+            if !url.starts_with("https://") {
+                anyhow::bail!("cluster.api_servers: {url:?} must be an https:// URL (e.g. https://10.0.0.2:6443)");
+            }
         }
         Ok(())
     }
@@ -137,6 +188,141 @@ impl Cluster for AlwaysFree {
 }
 
 /// The cluster client for `cfg`: the Kubernetes API through the configured endpoints.
-pub async fn connect(_cfg: &crate::config::Config) -> anyhow::Result<Box<dyn Cluster>> {
-    anyhow::bail!("no cluster client is configured in this build yet (issue 3)")
+/// Reads nothing and connects nowhere until first used.
+pub async fn connect(cfg: &crate::config::Config) -> anyhow::Result<Box<dyn Cluster>> {
+    Ok(Box::new(KubeCluster::new(cfg)?))
+}
+
+/// The Kubernetes API as [`Cluster`].
+pub struct KubeCluster {
+    pub endpoints: Endpoints,
+    pub lease: LeaseLock,
+    node_name: String,
+    cfg: ClusterConfig,
+    levels: LevelsConfig,
+}
+
+impl KubeCluster {
+    pub fn new(cfg: &crate::config::Config) -> anyhow::Result<KubeCluster> {
+        let c = &cfg.cluster;
+        let node_name = match &c.node_name {
+            Some(n) => n.clone(),
+            None => hostname()?,
+        };
+        let endpoints = Endpoints::new(EndpointSettings {
+            kubeconfig: c.kubeconfig.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_KUBECONFIG)),
+            api_servers: c.api_servers.clone(),
+            tls_server_name: (!c.tls_server_name.is_empty()).then(|| c.tls_server_name.clone()),
+            request_timeout: c.request_timeout.0,
+            cache: (!c.endpoints_cache.as_os_str().is_empty()).then(|| c.endpoints_cache.clone()),
+        });
+        // The process as well as the Node: a hand step and `watch` on one server are
+        // two holders, and must not mistake each other's Lease for their own.
+        let identity = format!("{node_name}/{}", std::process::id());
+        let lease = LeaseLock::new(&c.lease_namespace, &c.lease_name, identity, c.lease_duration.0);
+        Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: cfg.levels.clone() })
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    fn marks(&self) -> NodeMarks<'_> {
+        NodeMarks {
+            node_name: &self.node_name,
+            level_label: &self.cfg.level_label,
+            taint_key: &self.cfg.taint_key,
+            set_annotation: &self.cfg.set_annotation,
+        }
+    }
+
+    /// The peer gate for `step`. Down: every other voter Ready and none stepped down.
+    /// Up: restores function, so a stepped-down peer does not stop it; but a step that
+    /// restarts k3s (and its etcd member) still needs every other voter Ready, or the
+    /// restart could cost quorum.
+    async fn check_peers(&self, step: &Step) -> Result<(), Refusal> {
+        let gate = PeerGate {
+            node_name: &self.node_name,
+            level_label: &self.cfg.level_label,
+            heartbeat_timeout: self.cfg.peer_heartbeat_timeout.0,
+        };
+        match step.direction {
+            Direction::Down => gate.check(&self.endpoints, true).await,
+            Direction::Up if self.levels.needs_restart(step.from, step.to) => gate.check(&self.endpoints, false).await,
+            Direction::Up => Ok(()),
+        }
+    }
+}
+
+pub const DEFAULT_KUBECONFIG: &str = "/etc/rancher/k3s/k3s.yaml";
+
+/// k3s names the Node after the host name, in lower case.
+fn hostname() -> anyhow::Result<String> {
+    let path = "/proc/sys/kernel/hostname";
+    let h = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("reading {path} for the Node name: {e}"))?;
+    Ok(h.trim().to_lowercase())
+}
+
+#[async_trait(?Send)]
+impl NodeReadiness for KubeCluster {
+    async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()> {
+        self.marks().wait_ready_since(&self.endpoints, since, timeout).await
+    }
+}
+
+#[async_trait(?Send)]
+impl Cluster for KubeCluster {
+    async fn preflight(&self, step: &Step) -> Result<(), Refusal> {
+        self.lease.check(&self.endpoints).await?;
+        self.check_peers(step).await
+    }
+
+    async fn acquire(&self, step: &Step) -> Result<(), Refusal> {
+        self.lease.acquire(&self.endpoints).await?;
+        // Peers are checked while holding the Lease: a peer that stepped down just
+        // before has its label on by the time it released the Lease.
+        if let Err(r) = self.check_peers(step).await {
+            self.lease.release(&self.endpoints).await;
+            return Err(r);
+        }
+        Ok(())
+    }
+
+    async fn hold(&self) -> anyhow::Error {
+        self.lease.hold(&self.endpoints).await
+    }
+
+    async fn release(&self) {
+        self.lease.release(&self.endpoints).await
+    }
+
+    async fn mark_node(&self, level: Level, levels: &LevelsConfig) -> anyhow::Result<()> {
+        self.marks().apply(&self.endpoints, level, levels).await
+    }
+
+    async fn record(&self, event: StepEvent<'_>) {
+        if let Err(e) = events::record(&self.endpoints, &self.node_name, &event).await {
+            tracing::warn!(error = %format!("{e:#}"), node = %self.node_name, "could not record the Event on the Node");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Config::parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn bad_cluster_settings_name_the_key() {
+        assert!(err("[cluster]\nlease_duration = \"2s\"\n").contains("cluster.lease_duration"));
+        assert!(err("[cluster]\nrequest_timeout = \"0s\"\n").contains("cluster.request_timeout"));
+        assert!(err("[cluster]\nlevel_label = \"\"\n").contains("cluster.level_label"));
+        assert!(err("[cluster]\napi_servers = [\"10.0.0.2:6443\"]\n").contains("cluster.api_servers"));
+        let c =
+            Config::parse("[cluster]\napi_servers = [\"https://10.0.0.2:6443\"]\ntls_server_name = \"\"\n").unwrap();
+        assert_eq!(c.cluster.api_servers, ["https://10.0.0.2:6443"]);
+    }
 }

@@ -1,0 +1,342 @@
+//! Where API calls go (SPEC §4). A server at `etcd-only` has no API server of its own:
+//! its port 6443 answers 503 "apiserver disabled". So every call is tried against a
+//! list of endpoints in turn — the kubeconfig's own server first, then the configured
+//! `cluster.api_servers`, or, when none are configured, the API servers discovered
+//! from the `default/kubernetes` EndpointSlice while the local one worked (cached in a
+//! file, so a process started at `etcd-only` still knows them).
+//!
+//! Lazy by design: nothing is read or connected until the first call, so an idle
+//! `watch` makes no API request at all.
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::Status;
+
+/// A failed call: what was asked, where, and why.
+#[derive(Debug)]
+pub enum CallError {
+    /// No endpoint answered: each one tried and why it was passed over.
+    Unreachable { what: String, tried: Vec<(String, String)> },
+    /// An endpoint answered with an error status (403, 404, 409, ...).
+    Status { what: String, endpoint: String, status: Box<Status> },
+    /// The credentials could not be loaded, or an answer could not be read.
+    Other { what: String, error: String },
+}
+
+impl CallError {
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            CallError::Status { status, .. } => Some(status.code),
+            _ => None,
+        }
+    }
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(404)
+    }
+    pub fn is_conflict(&self) -> bool {
+        self.code() == Some(409)
+    }
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, CallError::Unreachable { .. })
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Unreachable { what, tried } => {
+                write!(f, "{what}: no Kubernetes API server answered (")?;
+                for (i, (ep, why)) in tried.iter().enumerate() {
+                    write!(f, "{}{ep}: {why}", if i > 0 { "; " } else { "" })?;
+                }
+                write!(f, ")")
+            }
+            CallError::Status { what, endpoint, status } => {
+                write!(f, "{what} at {endpoint}: {} {} ({})", status.code, status.reason, status.message)
+            }
+            CallError::Other { what, error } => write!(f, "{what}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// The settings of [`Endpoints`], from `[cluster]`.
+#[derive(Clone, Debug)]
+pub struct EndpointSettings {
+    pub kubeconfig: PathBuf,
+    pub api_servers: Vec<String>,
+    /// The name a swapped-in endpoint's serving certificate is checked against.
+    pub tls_server_name: Option<String>,
+    pub request_timeout: Duration,
+    pub cache: Option<PathBuf>,
+}
+
+struct Endpoint {
+    url: String,
+    /// Built on first use.
+    client: Option<kube::Client>,
+}
+
+struct Loaded {
+    base: kube::Config,
+    /// The kubeconfig's own server's URL, as written there.
+    local: String,
+    endpoints: Vec<Endpoint>,
+}
+
+/// The API endpoints, tried in turn, starting from the last one that answered.
+pub struct Endpoints {
+    settings: EndpointSettings,
+    loaded: RefCell<Option<Loaded>>,
+    preferred: Cell<usize>,
+    discovered: Cell<bool>,
+}
+
+impl Endpoints {
+    pub fn new(settings: EndpointSettings) -> Endpoints {
+        Endpoints { settings, loaded: RefCell::new(None), preferred: Cell::new(0), discovered: Cell::new(false) }
+    }
+
+    /// The endpoints in the order they are tried from now (for logs and tests).
+    pub async fn urls(&self) -> Result<Vec<String>, CallError> {
+        self.load("reading the kubeconfig").await?;
+        let loaded = self.loaded.borrow();
+        Ok(loaded.as_ref().map(|l| l.endpoints.iter().map(|e| e.url.clone()).collect()).unwrap_or_default())
+    }
+
+    /// Runs `f` against each endpoint in turn until one answers. A 503 (k3s's
+    /// "apiserver disabled"), a refused connection, a TLS failure or a timeout moves
+    /// on to the next; any other answer, success or error, is the answer.
+    pub async fn call<T, F, Fut>(&self, what: impl Into<String>, f: F) -> Result<T, CallError>
+    where
+        F: Fn(kube::Client) -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let what = what.into();
+        self.load(&what).await?;
+        let n = self.loaded.borrow().as_ref().map_or(0, |l| l.endpoints.len());
+        let mut tried = Vec::new();
+        for k in 0..n {
+            let i = (self.preferred.get() + k) % n;
+            let (url, client) = match self.client(i) {
+                Ok(c) => c,
+                Err(why) => {
+                    tried.push((self.url(i), why));
+                    continue;
+                }
+            };
+            let outcome = tokio::time::timeout(self.settings.request_timeout, f(client.clone())).await;
+            let why = match outcome {
+                Ok(Ok(v)) => {
+                    self.preferred.set(i);
+                    self.maybe_discover(i, &client).await;
+                    return Ok(v);
+                }
+                Ok(Err(kube::Error::Api(s))) if s.code == 503 => format!("503 {}", s.message),
+                Ok(Err(kube::Error::Api(status))) => return Err(CallError::Status { what, endpoint: url, status }),
+                Ok(Err(e @ (kube::Error::HyperError(_) | kube::Error::Service(_)))) => error_chain(&e),
+                Ok(Err(e)) => {
+                    return Err(CallError::Other { what: format!("{what} at {url}"), error: error_chain(&e) })
+                }
+                Err(_) => format!("no answer within {:?}", self.settings.request_timeout),
+            };
+            tracing::debug!(endpoint = %url, why = %why, request = %what, "API endpoint passed over");
+            tried.push((url, why));
+        }
+        Err(CallError::Unreachable { what, tried })
+    }
+
+    fn url(&self, i: usize) -> String {
+        self.loaded.borrow().as_ref().map(|l| l.endpoints[i].url.clone()).unwrap_or_default()
+    }
+
+    /// The client for endpoint `i`, built on first use.
+    fn client(&self, i: usize) -> Result<(String, kube::Client), String> {
+        let mut guard = self.loaded.borrow_mut();
+        let loaded = guard.as_mut().expect("loaded before use");
+        let ep = &loaded.endpoints[i];
+        if let Some(c) = &ep.client {
+            return Ok((ep.url.clone(), c.clone()));
+        }
+        let mut config = loaded.base.clone();
+        config.cluster_url = ep.url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        if ep.url != loaded.local && config.tls_server_name.is_none() {
+            // The kubeconfig's CA signs every server's certificate, but a swapped-in
+            // address need not be among its names; k3s puts `kubernetes` on all of them.
+            config.tls_server_name = self.settings.tls_server_name.clone();
+        }
+        config.connect_timeout = Some(self.settings.request_timeout);
+        config.read_timeout = Some(self.settings.request_timeout);
+        let client = kube::Client::try_from(config).map_err(|e| error_chain(&e))?;
+        let url = ep.url.clone();
+        loaded.endpoints[i].client = Some(client.clone());
+        Ok((url, client))
+    }
+
+    /// Reads the kubeconfig and builds the endpoint list, once.
+    async fn load(&self, what: &str) -> Result<(), CallError> {
+        if self.loaded.borrow().is_some() {
+            return Ok(());
+        }
+        let path = &self.settings.kubeconfig;
+        let other = |e: String| CallError::Other { what: what.to_string(), error: e };
+        let kc = Kubeconfig::read_from(path).map_err(|e| other(format!("kubeconfig {}: {}", path.display(), e)))?;
+        let base = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| other(format!("kubeconfig {}: {}", path.display(), error_chain(&e))))?;
+        let local = base.cluster_url.to_string().trim_end_matches('/').to_string();
+        let mut urls = vec![local.clone()];
+        let extra =
+            if self.settings.api_servers.is_empty() { self.read_cache() } else { self.settings.api_servers.clone() };
+        for u in extra {
+            let u = u.trim_end_matches('/').to_string();
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        let endpoints = urls.into_iter().map(|url| Endpoint { url, client: None }).collect();
+        *self.loaded.borrow_mut() = Some(Loaded { base, local, endpoints });
+        Ok(())
+    }
+
+    fn read_cache(&self) -> Vec<String> {
+        let Some(path) = &self.settings.cache else { return Vec::new() };
+        match std::fs::read_to_string(path) {
+            Ok(s) => s.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not read the cached API endpoints");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Once per process, while the kubeconfig's own server answers and no endpoints
+    /// are configured: learn the API servers from the `default/kubernetes`
+    /// EndpointSlice, add them to the list and cache them.
+    async fn maybe_discover(&self, answered: usize, client: &kube::Client) {
+        let is_local = self.loaded.borrow().as_ref().is_some_and(|l| l.endpoints[answered].url == l.local);
+        if !is_local || !self.settings.api_servers.is_empty() || self.discovered.replace(true) {
+            return;
+        }
+        let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+        let slice = match tokio::time::timeout(self.settings.request_timeout, api.get_opt("kubernetes")).await {
+            Ok(Ok(Some(s))) => s,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %error_chain(&e), "could not read the default/kubernetes EndpointSlice to learn the other API servers");
+                return;
+            }
+            Err(_) => return,
+        };
+        let found = urls_of(&slice);
+        if found.is_empty() {
+            return;
+        }
+        if let Some(l) = self.loaded.borrow_mut().as_mut() {
+            for url in &found {
+                if !l.endpoints.iter().any(|e| &e.url == url) {
+                    l.endpoints.push(Endpoint { url: url.clone(), client: None });
+                }
+            }
+        }
+        if let Some(path) = &self.settings.cache {
+            if let Err(e) = write_atomically(path, &(found.join("\n") + "\n")) {
+                tracing::warn!(path = %path.display(), error = %e, "could not cache the API endpoints");
+            }
+        }
+    }
+}
+
+/// `https://addr:port` for each ready address in an EndpointSlice.
+pub fn urls_of(slice: &EndpointSlice) -> Vec<String> {
+    let port = slice
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref().is_none_or(|n| n == "https"))
+        .and_then(|p| p.port)
+        .unwrap_or(6443);
+    let v6 = slice.address_type == "IPv6";
+    slice
+        .endpoints
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+        .flat_map(|e| e.addresses.iter())
+        .map(|a| if v6 { format!("https://[{a}]:{port}") } else { format!("https://{a}:{port}") })
+        .collect()
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// An error and its causes on one line ("connection refused" sits deep in the chain).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s += ": ";
+            s += &t;
+        }
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::discovery::v1::{Endpoint as SliceEndpoint, EndpointConditions, EndpointPort};
+
+    #[test]
+    fn slice_addresses_become_urls() {
+        let slice = EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: vec![
+                SliceEndpoint { addresses: vec!["10.0.0.1".into()], ..Default::default() },
+                SliceEndpoint {
+                    addresses: vec!["10.0.0.2".into()],
+                    conditions: Some(EndpointConditions { ready: Some(false), ..Default::default() }),
+                    ..Default::default()
+                },
+            ],
+            ports: Some(vec![EndpointPort { name: Some("https".into()), port: Some(6443), ..Default::default() }]),
+            ..Default::default()
+        };
+        assert_eq!(urls_of(&slice), ["https://10.0.0.1:6443"]);
+        let v6 = EndpointSlice {
+            address_type: "IPv6".into(),
+            endpoints: vec![SliceEndpoint { addresses: vec!["fd00::1".into()], ..Default::default() }],
+            ..Default::default()
+        };
+        assert_eq!(urls_of(&v6), ["https://[fd00::1]:6443"]);
+    }
+
+    #[test]
+    fn unreachable_names_every_endpoint() {
+        let e = CallError::Unreachable {
+            what: "get leases kube-system/regrade".into(),
+            tried: vec![
+                ("https://a:6443".into(), "503 apiserver disabled".into()),
+                ("https://b:6443".into(), "refused".into()),
+            ],
+        };
+        let s = e.to_string();
+        assert!(s.contains("https://a:6443: 503 apiserver disabled") && s.contains("https://b:6443: refused"), "{s}");
+    }
+}

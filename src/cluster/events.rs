@@ -1,0 +1,74 @@
+//! Kubernetes Events on the Node (SPEC §4): one per step and per new refusal reason,
+//! so `kubectl describe node` shows what regrade did and why it did not.
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::Api;
+
+use super::endpoints::Endpoints;
+use super::StepEvent;
+use crate::decide::Direction;
+
+/// Node Events live where the kubelet puts its own.
+pub const NAMESPACE: &str = "default";
+pub const COMPONENT: &str = "regrade";
+
+/// `(type, reason, message)` of the Event for `e`.
+pub fn describe(e: &StepEvent<'_>) -> (&'static str, &'static str, String) {
+    let dir = |s: &crate::decide::Step| match s.direction {
+        Direction::Down => "RegradeStepDown",
+        Direction::Up => "RegradeStepUp",
+    };
+    match e {
+        StepEvent::Done(s) => ("Normal", dir(s), format!("{} from {} to {}", s.direction.action(), s.from, s.to)),
+        StepEvent::Failed(s, why) => (
+            "Warning",
+            "RegradeStepFailed",
+            format!("{} from {} to {} failed: {why}", s.direction.action(), s.from, s.to),
+        ),
+        StepEvent::Refused(s, r) => (
+            "Warning",
+            "RegradeRefused",
+            format!("{} from {} to {} refused: {}", s.direction.action(), s.from, s.to, r),
+        ),
+    }
+}
+
+pub async fn record(eps: &Endpoints, node: &str, e: &StepEvent<'_>) -> anyhow::Result<()> {
+    let (type_, reason, message) = describe(e);
+    let now = Timestamp::now();
+    let stamp = Time(Timestamp::from_second(now.as_second())?);
+    let event = Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{node}.{:x}", now.as_nanosecond())),
+            namespace: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            // As the kubelet does, so `kubectl describe node` finds the Event.
+            uid: Some(node.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        reason: Some(reason.into()),
+        message: Some(message),
+        source: Some(EventSource { component: Some(COMPONENT.into()), host: Some(node.into()) }),
+        reporting_component: Some(COMPONENT.into()),
+        reporting_instance: Some(node.into()),
+        first_timestamp: Some(stamp.clone()),
+        last_timestamp: Some(stamp),
+        count: Some(1),
+        ..Default::default()
+    };
+    let event = &event;
+    eps.call(format!("create events -n {NAMESPACE}"), |c| async move {
+        Api::<Event>::namespaced(c, NAMESPACE).create(&PostParams::default(), event).await
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! The Lease that serialises steps across servers (SPEC §4): `coordination.k8s.io/v1`,
+//! default `kube-system/regrade`. Every write carries the `resourceVersion` just read,
+//! so of two servers writing at once one gets 409 and loses.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::Api;
+
+use super::endpoints::{CallError, Endpoints};
+use super::Refusal;
+
+/// Beyond `renewTime + leaseDurationSeconds`, how long a Lease is still taken as held:
+/// room for the clocks of two servers to disagree.
+pub const EXPIRY_MARGIN: Duration = Duration::from_secs(5);
+
+pub struct LeaseLock {
+    pub namespace: String,
+    pub name: String,
+    /// Who we are in `holderIdentity`: the Node name and the process.
+    pub identity: String,
+    pub duration: Duration,
+    /// The Lease as we last wrote it while holding it.
+    held: RefCell<Option<Lease>>,
+    /// A Lease held by another: its `resourceVersion` and when we first saw it. If it
+    /// has not changed for the lease duration plus the margin, it has expired by our
+    /// own clock, whatever its `renewTime` says.
+    observed: RefCell<Option<(String, Instant)>>,
+}
+
+/// What a look at the Lease found.
+enum Seen {
+    Absent,
+    Free(Lease),
+    Ours(Lease),
+    Expired(Lease),
+    Held { holder: String, lease: Lease },
+}
+
+impl LeaseLock {
+    pub fn new(namespace: &str, name: &str, identity: String, duration: Duration) -> LeaseLock {
+        LeaseLock {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity,
+            duration,
+            held: RefCell::new(None),
+            observed: RefCell::new(None),
+        }
+    }
+
+    fn what(&self, verb: &str) -> String {
+        format!("{verb} leases {}/{}", self.namespace, self.name)
+    }
+
+    fn api(&self, c: kube::Client) -> Api<Lease> {
+        Api::namespaced(c, &self.namespace)
+    }
+
+    async fn get(&self, eps: &Endpoints) -> Result<Option<Lease>, CallError> {
+        eps.call(self.what("get"), |c| async move { self.api(c).get_opt(&self.name).await }).await
+    }
+
+    fn classify(&self, lease: Option<Lease>) -> Seen {
+        let Some(lease) = lease else { return Seen::Absent };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        if holder.is_empty() {
+            return Seen::Free(lease);
+        }
+        if holder == self.identity {
+            return Seen::Ours(lease);
+        }
+        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+        let now = Instant::now();
+        let first_seen = {
+            let mut obs = self.observed.borrow_mut();
+            match &*obs {
+                Some((seen_rv, at)) if *seen_rv == rv => *at,
+                _ => {
+                    *obs = Some((rv, now));
+                    now
+                }
+            }
+        };
+        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+        let by_own_clock = now.duration_since(first_seen) >= duration + EXPIRY_MARGIN;
+        let by_renew_time = spec.renew_time.as_ref().is_none_or(|t| {
+            let until = t.0 + duration + EXPIRY_MARGIN;
+            until < Timestamp::now()
+        });
+        if by_own_clock || by_renew_time {
+            Seen::Expired(lease)
+        } else {
+            Seen::Held { holder, lease }
+        }
+    }
+
+    fn held_refusal(&self, holder: &str, lease: &Lease) -> Refusal {
+        let spec = lease.spec.as_ref();
+        let renewed = spec.and_then(|s| s.renew_time.as_ref()).map_or("never".to_string(), |t| t.0.to_string());
+        let secs = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+        Refusal {
+            kind: "lease-held",
+            message: format!(
+                "Lease {}/{} is held by {holder} (renewed {renewed}, for {secs}s)",
+                self.namespace, self.name
+            ),
+        }
+    }
+
+    /// Whether the Lease is free for us now, read only (for `status`).
+    pub async fn check(&self, eps: &Endpoints) -> Result<(), Refusal> {
+        match self.classify(self.get(eps).await.map_err(unreachable)?) {
+            Seen::Held { holder, lease } => Err(self.held_refusal(&holder, &lease)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes the Lease: creates it when absent, takes it when free, expired or already
+    /// ours. A held Lease, or losing a race for it (409), refuses.
+    pub async fn acquire(&self, eps: &Endpoints) -> Result<(), Refusal> {
+        let seen = self.classify(self.get(eps).await.map_err(unreachable)?);
+        let now = MicroTime(Timestamp::now());
+        let lost = || Refusal {
+            kind: "lease-held",
+            message: format!("another server took Lease {}/{} at the same moment", self.namespace, self.name),
+        };
+        let written = match seen {
+            Seen::Held { holder, lease } => return Err(self.held_refusal(&holder, &lease)),
+            Seen::Absent => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.identity.clone()),
+                        lease_duration_seconds: Some(self.duration_secs()),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        lease_transitions: Some(0),
+                        ..Default::default()
+                    }),
+                };
+                let lease = &lease;
+                let r =
+                    eps.call(self.what("create"), |c| async move {
+                        self.api(c).create(&PostParams::default(), lease).await
+                    })
+                    .await;
+                match r {
+                    Ok(l) => l,
+                    Err(e) if e.code() == Some(409) => return Err(lost()),
+                    Err(e) => return Err(unreachable(e)),
+                }
+            }
+            Seen::Free(mut lease) | Seen::Expired(mut lease) | Seen::Ours(mut lease) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if spec.holder_identity.as_deref() != Some(&self.identity) {
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                    spec.acquire_time = Some(now.clone());
+                }
+                spec.holder_identity = Some(self.identity.clone());
+                spec.lease_duration_seconds = Some(self.duration_secs());
+                spec.renew_time = Some(now);
+                match self.replace(eps, &lease).await {
+                    Ok(l) => l,
+                    Err(e) if e.is_conflict() => return Err(lost()),
+                    Err(e) => return Err(unreachable(e)),
+                }
+            }
+        };
+        *self.held.borrow_mut() = Some(written);
+        *self.observed.borrow_mut() = None;
+        Ok(())
+    }
+
+    fn duration_secs(&self) -> i32 {
+        self.duration.as_secs().clamp(1, i32::MAX as u64) as i32
+    }
+
+    /// PUT with the object's `resourceVersion`: 409 if anyone wrote since.
+    async fn replace(&self, eps: &Endpoints, lease: &Lease) -> Result<Lease, CallError> {
+        eps.call(self.what("update"), |c| async move {
+            self.api(c).replace(&self.name, &PostParams::default(), lease).await
+        })
+        .await
+    }
+
+    /// Renews the Lease every third of its duration while a step runs; returns only
+    /// when it is lost (another holder) or could not be renewed before it expired.
+    pub async fn hold(&self, eps: &Endpoints) -> anyhow::Error {
+        let period = self.duration / 3;
+        let mut last_renewed = Instant::now();
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(mut lease) = self.held.borrow().clone() else {
+                return anyhow::anyhow!("Lease {}/{} is not held", self.namespace, self.name);
+            };
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(MicroTime(Timestamp::now()));
+            }
+            match self.replace(eps, &lease).await {
+                Ok(l) => {
+                    *self.held.borrow_mut() = Some(l);
+                    last_renewed = Instant::now();
+                    continue;
+                }
+                Err(e) if e.is_conflict() => match self.get(eps).await {
+                    // Our own earlier write that we did not hear back from: adopt it.
+                    Ok(Some(l)) if holder_of(&l) == self.identity => {
+                        *self.held.borrow_mut() = Some(l);
+                        continue;
+                    }
+                    Ok(l) => {
+                        *self.held.borrow_mut() = None;
+                        let who = l.as_ref().map(holder_of).unwrap_or_default();
+                        return anyhow::anyhow!(
+                            "lost Lease {}/{} to {}",
+                            self.namespace,
+                            self.name,
+                            if who.is_empty() { "nobody (released)" } else { &who }
+                        );
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not read the Lease after a conflict; retrying"),
+                },
+                Err(e) => tracing::warn!(error = %e, "could not renew the Lease; retrying"),
+            }
+            if last_renewed.elapsed() >= self.duration {
+                *self.held.borrow_mut() = None;
+                return anyhow::anyhow!(
+                    "could not renew Lease {}/{} within its duration of {}s",
+                    self.namespace,
+                    self.name,
+                    self.duration_secs()
+                );
+            }
+        }
+    }
+
+    /// Gives the Lease up if we still hold it; a no-op otherwise. Retries a 409 caused
+    /// by our own renewal racing the release.
+    pub async fn release(&self, eps: &Endpoints) {
+        self.held.borrow_mut().take();
+        for _ in 0..3 {
+            let mut lease = match self.get(eps).await {
+                Ok(Some(l)) if holder_of(&l) == self.identity => l,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release the Lease; it expires by itself");
+                    return;
+                }
+            };
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.holder_identity = None;
+            }
+            match self.replace(eps, &lease).await {
+                Ok(_) => return,
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release the Lease; it expires by itself");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+pub fn holder_of(l: &Lease) -> String {
+    l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default()
+}
+
+/// A call that failed before the Lease could be judged refuses the step.
+pub fn unreachable(e: CallError) -> Refusal {
+    Refusal { kind: if e.is_unreachable() { "api-unreachable" } else { "api-error" }, message: e.to_string() }
+}

@@ -1,0 +1,120 @@
+//! The peer gate (SPEC §4): a server steps only while every other etcd voter is
+//! Ready — judged by a fresh node Lease in `kube-node-lease`, a Ready condition that
+//! is True and, where k3s reports it, `EtcdIsVoter` not False — and, for a step down,
+//! while no other server carries the level label (is stepped down itself).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::Api;
+
+use super::endpoints::Endpoints;
+use super::lease::unreachable;
+use super::Refusal;
+
+pub const ETCD_ROLE_LABEL: &str = "node-role.kubernetes.io/etcd";
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+pub struct PeerGate<'a> {
+    pub node_name: &'a str,
+    pub level_label: &'a str,
+    pub heartbeat_timeout: Duration,
+}
+
+impl PeerGate<'_> {
+    /// Refuses, naming the first peer in name order that is not fit, and why.
+    /// `labels`: also refuse a peer that carries the level label (a step down).
+    pub async fn check(&self, eps: &Endpoints, labels: bool) -> Result<(), Refusal> {
+        let selector = format!("{ETCD_ROLE_LABEL}=true");
+        let nodes = eps
+            .call(format!("list nodes -l {selector}"), |c| {
+                let lp = ListParams::default().labels(&selector);
+                async move { Api::<Node>::all(c).list(&lp).await }
+            })
+            .await
+            .map_err(unreachable)?;
+        let leases = eps
+            .call(format!("list leases -n {NODE_LEASE_NAMESPACE}"), |c| async move {
+                Api::<Lease>::namespaced(c, NODE_LEASE_NAMESPACE).list(&ListParams::default()).await
+            })
+            .await
+            .map_err(unreachable)?;
+        let renewed: BTreeMap<String, Option<Timestamp>> = leases
+            .items
+            .into_iter()
+            .map(|l| {
+                let t = l.spec.and_then(|s| s.renew_time).map(|t| t.0);
+                (l.metadata.name.unwrap_or_default(), t)
+            })
+            .collect();
+        let mut peers: Vec<Node> =
+            nodes.items.into_iter().filter(|n| n.metadata.name.as_deref() != Some(self.node_name)).collect();
+        peers.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let now = Timestamp::now();
+        for peer in &peers {
+            if let Some(why) = self.unfit(peer, &renewed, now, labels) {
+                return Err(why);
+            }
+        }
+        Ok(())
+    }
+
+    fn unfit(
+        &self,
+        peer: &Node,
+        renewed: &BTreeMap<String, Option<Timestamp>>,
+        now: Timestamp,
+        labels: bool,
+    ) -> Option<Refusal> {
+        let name = peer.metadata.name.as_deref().unwrap_or_default();
+        if labels {
+            if let Some(level) = peer.metadata.labels.as_ref().and_then(|l| l.get(self.level_label)) {
+                return Some(Refusal {
+                    kind: "peer-stepped-down",
+                    message: format!("peer {name} is stepped down ({}={level})", self.level_label),
+                });
+            }
+        }
+        let not_ready = |why: String| Some(Refusal { kind: "peer-not-ready", message: format!("peer {name} {why}") });
+        let conditions = peer.status.as_ref().and_then(|s| s.conditions.as_ref());
+        let condition = |t: &str| conditions.and_then(|cs| cs.iter().find(|c| c.type_ == t));
+        if let Some(c) = condition("EtcdIsVoter") {
+            if c.status == "False" {
+                return not_ready(format!(
+                    "is not an etcd voter (EtcdIsVoter=False: {})",
+                    c.message.as_deref().or(c.reason.as_deref()).unwrap_or("no reason given")
+                ));
+            }
+        }
+        match condition("Ready") {
+            Some(c) if c.status == "True" => {}
+            Some(c) => {
+                return not_ready(format!(
+                    "is not Ready (Ready={}: {})",
+                    c.status,
+                    c.reason.as_deref().unwrap_or("no reason given")
+                ))
+            }
+            None => return not_ready("has no Ready condition".into()),
+        }
+        match renewed.get(name) {
+            None => not_ready(format!("has no node Lease in {NODE_LEASE_NAMESPACE}")),
+            Some(None) => not_ready(format!("has never renewed its node Lease in {NODE_LEASE_NAMESPACE}")),
+            Some(Some(t)) => {
+                let age = Duration::try_from(now.duration_since(*t)).unwrap_or_default();
+                (age > self.heartbeat_timeout).then(|| Refusal {
+                    kind: "peer-not-ready",
+                    message: format!(
+                        "peer {name}'s node Lease was last renewed {}s ago (stale after {}s)",
+                        age.as_secs(),
+                        self.heartbeat_timeout.as_secs()
+                    ),
+                })
+            }
+        }
+    }
+}

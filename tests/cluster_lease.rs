@@ -1,0 +1,138 @@
+//! The step Lease against a real kube-apiserver (SPEC §4): contention, a held Lease
+//! refusing, takeover after expiry, release by a non-holder, renewal through a long
+//! step. Gated by REGRADE_TEST_KUBE=1.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use regrade::cluster::lease::holder_of;
+use regrade::cluster::KubeCluster;
+use regrade::config::HumanDuration;
+
+use common::block_on;
+
+fn cluster(h: &common::Harness, node: &str, lease: &str, secs: u64) -> KubeCluster {
+    let mut cfg = h.config(&h.admin_kubeconfig, node, lease);
+    cfg.cluster.lease_duration = HumanDuration(Duration::from_secs(secs));
+    KubeCluster::new(&cfg).unwrap()
+}
+
+async fn get_lease(h: &common::Harness, name: &str) -> Lease {
+    Api::<Lease>::namespaced(h.admin().await, "kube-system").get(name).await.unwrap()
+}
+
+#[test]
+fn contenders_never_hold_the_lease_at_once() {
+    let Some(h) = common::start("contenders_never_hold_the_lease_at_once") else { return };
+    const CONTENDERS: usize = 3;
+    const ROUNDS: usize = 200;
+    let intervals: Arc<Mutex<Vec<(Instant, Instant, usize)>>> = Arc::default();
+    let refusals = Arc::new(Mutex::new(0usize));
+    std::thread::scope(|s| {
+        for who in 0..CONTENDERS {
+            let (h, intervals, refusals) = (&h, intervals.clone(), refusals.clone());
+            s.spawn(move || {
+                block_on(async {
+                    let c = cluster(h, &format!("contender-{who}"), "contention", 30);
+                    for _ in 0..ROUNDS {
+                        loop {
+                            match c.lease.acquire(&c.endpoints).await {
+                                Ok(()) => break,
+                                Err(r) => {
+                                    assert_eq!(r.kind, "lease-held", "{r}");
+                                    *refusals.lock().unwrap() += 1;
+                                    tokio::time::sleep(Duration::from_millis(2)).await;
+                                }
+                            }
+                        }
+                        // Hold it long enough that a second holder would be caught.
+                        let start = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        let end = Instant::now();
+                        intervals.lock().unwrap().push((start, end, who));
+                        c.lease.release(&c.endpoints).await;
+                    }
+                })
+            });
+        }
+    });
+    let mut iv = intervals.lock().unwrap().clone();
+    assert_eq!(iv.len(), CONTENDERS * ROUNDS);
+    iv.sort();
+    for w in iv.windows(2) {
+        assert!(w[1].0 >= w[0].1, "contender {} held the Lease while contender {} did", w[1].2, w[0].2);
+    }
+    let refused = *refusals.lock().unwrap();
+    let transitions = block_on(get_lease(&h, "contention")).spec.unwrap().lease_transitions.unwrap();
+    println!(
+        "contention: {CONTENDERS} contenders x {ROUNDS} rounds, no overlap; {refused} refusals, leaseTransitions {transitions}"
+    );
+    assert!(refused > 0, "the contenders never met: the test proved nothing");
+}
+
+#[test]
+fn held_refuses_expired_is_taken_over_and_renewal_keeps_it() {
+    let Some(h) = common::start("held_refuses_expired_is_taken_over_and_renewal_keeps_it") else { return };
+    block_on(async {
+        let a = cluster(&h, "server-a", "basic", 3);
+        let b = cluster(&h, "server-b", "basic", 3);
+        a.lease.acquire(&a.endpoints).await.unwrap();
+        let first = get_lease(&h, "basic").await;
+        assert!(holder_of(&first).starts_with("server-a/"));
+
+        // A held Lease refuses, naming the holder.
+        let r = b.lease.acquire(&b.endpoints).await.unwrap_err();
+        assert_eq!(r.kind, "lease-held");
+        assert!(r.message.contains("held by server-a/"), "{r}");
+
+        // Release by a non-holder changes nothing.
+        b.lease.release(&b.endpoints).await;
+        let after = get_lease(&h, "basic").await;
+        assert_eq!(after.metadata.resource_version, first.metadata.resource_version);
+
+        // A step longer than the lease duration keeps the Lease by renewing it.
+        let step = async {
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let r = b.lease.acquire(&b.endpoints).await.unwrap_err();
+                assert_eq!(r.kind, "lease-held", "{r}");
+            }
+        };
+        tokio::select! {
+            lost = a.lease.hold(&a.endpoints) => panic!("lost the Lease while renewing: {lost:#}"),
+            _ = step => {}
+        }
+        let renewed = get_lease(&h, "basic").await;
+        assert!(holder_of(&renewed).starts_with("server-a/"));
+        assert!(renewed.spec.as_ref().unwrap().renew_time > first.spec.as_ref().unwrap().renew_time);
+
+        // a stops renewing (it died): b takes over once the Lease expired, not before.
+        let stopped = Instant::now();
+        loop {
+            match b.lease.acquire(&b.endpoints).await {
+                Ok(()) => break,
+                Err(r) => assert_eq!(r.kind, "lease-held", "{r}"),
+            }
+            assert!(stopped.elapsed() < Duration::from_secs(30), "never taken over");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let waited = stopped.elapsed();
+        assert!(waited >= Duration::from_secs(3), "taken over after {waited:?}, before the 3s lease expired");
+        let taken = get_lease(&h, "basic").await;
+        assert!(holder_of(&taken).starts_with("server-b/"));
+        let t = |l: &Lease| l.spec.as_ref().unwrap().lease_transitions.unwrap();
+        assert_eq!(t(&taken), t(&first) + 1);
+
+        // a's release now is a no-op: b holds it.
+        a.lease.release(&a.endpoints).await;
+        assert_eq!(get_lease(&h, "basic").await.metadata.resource_version, taken.metadata.resource_version);
+        // b's release frees it.
+        b.lease.release(&b.endpoints).await;
+        assert_eq!(holder_of(&get_lease(&h, "basic").await), "");
+        println!("takeover after {waited:?} without renewal (duration 3s + margin)");
+    });
+}

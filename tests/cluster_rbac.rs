@@ -1,0 +1,117 @@
+//! A hand step `full → control-plane → full` end to end through the step runner, with
+//! every call regrade makes going through a ServiceAccount kubeconfig bound by the
+//! shipped deploy/rbac.yaml; and a call outside it failing with a named error.
+//! Gated by REGRADE_TEST_KUBE=1.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::ListParams;
+use kube::Api;
+use regrade::actuator::{Actuator, NodeReadiness};
+use regrade::cluster::{events, Cluster, KubeCluster, StepEvent};
+use regrade::config::{HumanDuration, LevelsConfig};
+use regrade::decide::{Direction, Step};
+use regrade::level::Level;
+use regrade::step::{self, Outcome};
+use serde_json::json;
+
+use common::{block_on, Kubelet};
+
+/// Stands in for k3s (which cannot be had here): `control-plane` needs no restart, so
+/// applying it only takes time — longer than the Lease, so it must be renewed.
+struct K3sStandIn {
+    level: Level,
+}
+
+#[async_trait(?Send)]
+impl Actuator for K3sStandIn {
+    fn levels(&self) -> &[Level] {
+        &Level::ALL
+    }
+    async fn current_level(&self) -> anyhow::Result<Level> {
+        Ok(self.level)
+    }
+    async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+        tokio::time::sleep(Duration::from_millis(4000)).await;
+        self.level = level;
+        Ok(())
+    }
+}
+
+#[test]
+fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
+    let Some(h) = common::start("every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips") else { return };
+    let sa = h.service_account_kubeconfig();
+    block_on(async {
+        let admin = h.admin().await;
+        for n in ["rbac-1", "rbac-2", "rbac-3"] {
+            common::create_server_node(&admin, &Kubelet::ready(n)).await;
+        }
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"name": "kubernetes"},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.255.255.1"]}],
+            "ports": [{"name": "https", "port": 6443}],
+        }))
+        .unwrap();
+        Api::<EndpointSlice>::namespaced(admin.clone(), "default").create(&Default::default(), &slice).await.unwrap();
+
+        let mut cfg = h.config(&sa, "rbac-1", "regrade");
+        cfg.cluster.lease_duration = HumanDuration(Duration::from_secs(3));
+        let c = KubeCluster::new(&cfg).unwrap();
+        let levels = LevelsConfig::default();
+        let mut k3s = K3sStandIn { level: Level::Full };
+
+        // status' preflight, then the step down and back up: Lease create/get/update
+        // (renewed during the 4 s apply), peer gate, Node patch, Events.
+        let down = Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane };
+        let up = Step { direction: Direction::Up, from: Level::ControlPlane, to: Level::Full };
+        c.preflight(&down).await.unwrap();
+        for s in [&down, &up] {
+            match step::run(s, &mut k3s, &c, &levels).await {
+                Outcome::Done => {}
+                other => panic!("{s:?}: {other:?}"),
+            }
+            let node = Api::<Node>::all(admin.clone()).get("rbac-1").await.unwrap();
+            let label = node.metadata.labels.unwrap_or_default().get("regrade.dev/level").cloned();
+            assert_eq!(label.as_deref(), (s.to != Level::Full).then_some("control-plane"));
+        }
+        // Discovery read the EndpointSlice with the shipped Role.
+        let cache = std::fs::read_to_string(&cfg.cluster.endpoints_cache).unwrap();
+        assert_eq!(cache, "https://10.255.255.1:6443\n");
+
+        // The readiness wait reads the Node and its node Lease.
+        let since = SystemTime::now() - Duration::from_secs(30);
+        c.wait_ready_since(since, Duration::from_secs(5)).await.unwrap();
+
+        // A refusal, recorded as an Event (asserted directly: `record` only logs).
+        common::set_node_lease(&admin, "rbac-2", Timestamp::now() - SignedDuration::from_secs(90)).await;
+        let r = c.acquire(&down).await.unwrap_err();
+        events::record(&c.endpoints, "rbac-1", &StepEvent::Refused(&down, &r)).await.unwrap();
+
+        let lp = ListParams::default().fields("involvedObject.name=rbac-1");
+        let evs = Api::<Event>::namespaced(admin.clone(), "default").list(&lp).await.unwrap().items;
+        let reasons: Vec<_> = evs.iter().map(|e| e.reason.clone().unwrap_or_default()).collect();
+        assert_eq!(reasons, ["RegradeStepDown", "RegradeStepUp", "RegradeRefused"]);
+        for e in &evs {
+            assert_eq!(e.source.as_ref().unwrap().component.as_deref(), Some("regrade"));
+            assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+        }
+        println!("events: {:?}", evs.iter().map(|e| e.message.clone().unwrap_or_default()).collect::<Vec<_>>());
+
+        // Outside the RBAC: a Lease of another name. The error names verb and resource.
+        let mut other = h.config(&sa, "rbac-1", "not-regrade");
+        other.cluster.lease_duration = HumanDuration(Duration::from_secs(3));
+        let r = KubeCluster::new(&other).unwrap().acquire(&down).await.unwrap_err();
+        assert_eq!(r.kind, "api-error", "{r}");
+        assert!(r.message.contains("get leases kube-system/not-regrade") && r.message.contains("403"), "{r}");
+        assert!(r.message.contains("cannot get resource \"leases\""), "{r}");
+        println!("without permission: {r}");
+    });
+}
