@@ -25,6 +25,7 @@
   defaultDropin = "${k3sConfigFile}.d/50-regrade.yaml";
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
+  stateFile = cfg.settings.state_file;
 
   # A path literal (./k3s.yaml) is copied into the store when k3s.service names it.
   configPathInStore =
@@ -242,6 +243,11 @@ in {
             example = "manual";
             description = "`manual`: never step back up by itself (`regrade step up` does). `null`: `automatic`.";
           };
+          state_file = lib.mkOption {
+            type = lib.types.str;
+            default = "/run/regrade/state.json";
+            description = "Where `regrade watch` publishes its level, streaks and last step for `regrade status` (and the switch-time check).";
+          };
           pressure = lib.mkOption {
             default = {};
             description = "When a sample is over or calm (SPEC §3).";
@@ -371,6 +377,14 @@ in {
               below="k3s was started at level '$level' (${recordFile})"
             fi
           fi
+          # control-plane restarts nothing, so only the daemon's own state tells it.
+          if [ -r ${lib.escapeShellArg stateFile} ]; then
+            state=$(< ${lib.escapeShellArg stateFile}) || state=""
+            if [[ $state =~ \"level\"[[:space:]]*:[[:space:]]*\"(control-plane|etcd-only)\" ]]; then
+              level=''${BASH_REMATCH[1]}
+              below="regrade's state (${stateFile}) says level '$level'"
+            fi
+          fi
           if [ -n "$below" ]; then
             echo "regrade: refusing to turn regrade off on this server while it is below full: $below." >&2
             echo "Nothing would step it back up. First step it up by hand with the regrade still running:" >&2
@@ -427,12 +441,14 @@ in {
       environment.etc."regrade/regrade.toml".source = checkedSettings;
       environment.etc."regrade/record-start".source = recordStart;
 
-      systemd.tmpfiles.rules = [
-        # Both must exist before regrade.service starts: its sandbox can only grant
-        # write access to paths that exist.
-        "d ${dropinDir} 0755 root root -"
-        "d ${dirOf recordFile} 0755 root root -"
-      ];
+      systemd.tmpfiles.rules =
+        [
+          # Both must exist before regrade.service starts: its sandbox can only grant
+          # write access to paths that exist.
+          "d ${dropinDir} 0755 root root -"
+          "d ${dirOf recordFile} 0755 root root -"
+        ]
+        ++ lib.optional (dirOf stateFile != dirOf recordFile) "d ${dirOf stateFile} 0755 root root -";
 
       services.k3s.manifests = lib.mkIf cfg.rbac.enable {
         regrade-rbac.source = ../deploy/rbac.yaml;
@@ -487,7 +503,7 @@ in {
           CapabilityBoundingSet = ["CAP_IPC_LOCK"];
           NoNewPrivileges = true;
           ProtectSystem = "strict";
-          ReadWritePaths = [dropinDir (dirOf recordFile)];
+          ReadWritePaths = lib.unique [dropinDir (dirOf recordFile) (dirOf stateFile)];
           ProtectHome = true;
           PrivateTmp = true;
           PrivateDevices = true;

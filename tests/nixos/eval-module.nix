@@ -176,6 +176,7 @@
       enable = true;
       apiServers = ["https://192.168.1.2:6443" "https://192.168.1.3:6443"];
       settings.systemd.record = "${tmp}/started-level";
+      settings.state_file = "${tmp}/state.json";
       settings.pressure = {
         threshold = 30;
         mem_available_floor = "256MiB";

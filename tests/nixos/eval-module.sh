@@ -118,6 +118,12 @@ sed 's/^/       /' "$tmp/precheck.err"
 expect refuse "record says etcd-only" boot
 expect pass "record says etcd-only" dry-activate
 echo full >"$tmp/k3s/started-level"
+echo '{"pid":1,"level":"full","dry_run":false}' >"$tmp/k3s/state.json"
+expect pass "record and daemon state say full" switch
+echo '{"pid":1,"level":"control-plane","dry_run":false}' >"$tmp/k3s/state.json"
+expect refuse "daemon state says control-plane (no restart, record says full)" switch
+sed 's/^/       /' "$tmp/precheck.err"
+echo '{"pid":1,"level":"full","dry_run":false}' >"$tmp/k3s/state.json"
 echo 'disable-apiserver: true' >"$tmp/k3s/config.yaml.d/50-regrade.yaml"
 expect refuse "drop-in in place" test
 
