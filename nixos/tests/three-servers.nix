@@ -37,7 +37,7 @@
     virtualisation.memorySize = 1536;
     virtualisation.diskSize = 4096;
     networking.firewall.enable = false;
-    environment.systemPackages = [pkgs.jq pkgs.etcd];
+    environment.systemPackages = [pkgs.jq pkgs.etcd pkgs.curl];
 
     services.k3s = {
       enable = true;
@@ -209,12 +209,15 @@ in {
 
     with subtest("8. regrade step down / step up by hand on server2"):
         server2.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/server1 --timeout=10s", timeout=600)
+        # Neither over nor calm: the watcher on server2 takes no step of its own meanwhile.
+        pressure(server2, 20, 1024 * 1024)
         server2.succeed("regrade step down")
         assert status(server2)["level"] == "control-plane"
         assert node_label(server1, "server2") == "control-plane"
         server2.succeed("regrade step up")
         assert status(server2)["level"] == "full"
         assert node_label(server1, "server2") == ""
+        calm(server2)
 
     with subtest("9. every server at full: turning regrade off succeeds and restarts no k3s"):
         for m in servers:

@@ -203,6 +203,7 @@
     manifests = lib.mapAttrs (_: m: m.content or null) c.services.k3s.manifests;
     units = lib.mapAttrs (_: u: {inherit (u) after wants before serviceConfig;}) c.systemd.services;
     preSwitchChecks = c.system.preSwitchChecks;
+    credentialsScript = c.systemd.services.regrade-credentials.serviceConfig.ExecStart.text or null;
   };
 
   enabled = eval {};

@@ -70,6 +70,7 @@ for case, needle in want.items():
         print("       message: " + m)
 
 open(tmp + "/precheck.sh", "w").write(dis["preSwitchChecks"]["regrade-not-below-full"])
+open(tmp + "/credentials.sh", "w").write(en["credentialsScript"])
 
 def toml_value(v):
     if isinstance(v, bool):
@@ -96,6 +97,10 @@ def toml(d, prefix=""):
 open(tmp + "/generated.toml", "w").write(toml(en["settings"]) + "\n")
 open(tmp + "/result", "w").write("fail" if fail else "ok")
 PY
+
+bash -n "$tmp/credentials.sh"
+grep -q '^apiVersion: v1$' "$tmp/credentials.sh" && grep -q '^EOF$' "$tmp/credentials.sh"
+echo "ok   regrade-credentials script: bash -n clean, kubeconfig heredoc unindented"
 
 # The pre-switch check, run as switch-to-configuration runs it: in a subshell, with the
 # new system's path and the action as arguments.
