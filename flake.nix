@@ -56,10 +56,10 @@
       clippy = (regradeFor pkgs []).overrideAttrs (old: {
         pname = "regrade-clippy";
         nativeBuildInputs = old.nativeBuildInputs ++ [pkgs.clippy];
+        # No postBuild hooks: cargoInstallHook's would look for release binaries.
         buildPhase = ''
           runHook preBuild
           cargo clippy --offline --all-targets --all-features -- -D warnings
-          runHook postBuild
         '';
         doCheck = false;
         installPhase = "touch $out";
@@ -76,7 +76,7 @@
     devShells = forAllSystems (pkgs: {
       default = pkgs.mkShell {
         inputsFrom = [self.packages.${pkgs.stdenv.hostPlatform.system}.default];
-        packages = [pkgs.clippy pkgs.rustfmt pkgs.rust-analyzer pkgs.alejandra pkgs.deadnix pkgs.k3s];
+        packages = [pkgs.clippy pkgs.rustfmt pkgs.rust-analyzer pkgs.alejandra pkgs.deadnix];
       };
     });
 
