@@ -206,6 +206,57 @@
     credentialsScript = c.systemd.services.regrade-credentials.serviceConfig.ExecStart.text or null;
   };
 
+  # The VM test's nodes, evaluated as far as these stubs reach: the settings it reads
+  # from tests/nixos/vm-settings.toml must merge with the module's typed options.
+  vmTest = import ../../nixos/tests/three-servers.nix {
+    self.nixosModules.default = ../../nixos/module.nix;
+    pkgs =
+      pkgs
+      // {
+        inherit lib;
+        writeText = name: _: stubDrv name {};
+        buildEnv = _: stubDrv "env" {};
+        dockerTools.buildImage = _: stubDrv "pause-image" {};
+        tini = stubDrv "tini" {};
+        jq = stubDrv "jq" {};
+        etcd = stubDrv "etcd" {};
+        curl = stubDrv "curl" {};
+      };
+  };
+  vmIp = name: "192.168.1.${lib.removePrefix "server" name}";
+  vmStubs = {
+    options = {
+      virtualisation.memorySize = mkOption {type = types.int;};
+      virtualisation.diskSize = mkOption {type = types.int;};
+      networking.firewall.enable = mkOption {type = types.bool;};
+      networking.primaryIPAddress = mkOption {type = types.str;};
+      system.switch.enable = mkOption {type = types.bool;};
+      specialisation = mkOption {
+        type = types.attrsOf (types.submodule {
+          options.configuration = mkOption {type = types.deferredModule;};
+        });
+      };
+      services.k3s = {
+        tokenFile = mkOption {type = types.path;};
+        clusterInit = mkOption {type = types.bool;};
+        serverAddr = mkOption {type = types.str;};
+        images = mkOption {type = types.listOf types.package;};
+        extraFlags = mkOption {type = types.either types.str (types.listOf types.str);};
+      };
+    };
+  };
+  vmNode = name: extra:
+    (lib.evalModules {
+      specialArgs = {
+        inherit pkgs;
+        nodes = lib.genAttrs ["server1" "server2" "server3"] (n: {networking.primaryIPAddress = vmIp n;});
+      };
+      modules = [stubs vmStubs k3sBase vmTest.nodes.${name} {networking.primaryIPAddress = vmIp name;}] ++ extra;
+    })
+    .config;
+  vmServer1 = vmNode "server1" [];
+  vmServer1Off = vmNode "server1" [vmServer1.specialisation.no-regrade.configuration];
+
   enabled = eval {};
   disabled = eval {services.regrade.enable = lib.mkForce false;};
   adminCreds = eval {services.regrade.kubeconfig = "/etc/rancher/k3s/k3s.yaml";};
@@ -215,6 +266,16 @@ in {
   adminKubeconfig = {
     kubeconfig = adminCreds.services.regrade.settings.cluster.kubeconfig;
     credentialsUnit = adminCreds.systemd.services ? regrade-credentials;
+  };
+  vm = {
+    server1 = summary vmServer1;
+    server2Settings = (summary (vmNode "server2" [])).settings;
+    server2K3s = {inherit ((vmNode "server2" []).services.k3s) clusterInit serverAddr;};
+    specialisationOff = {
+      regradeUnit = vmServer1Off.systemd.services ? regrade;
+      preSwitchCheck = vmServer1Off.system.preSwitchChecks ? regrade-not-below-full;
+      k3sUnchanged = vmServer1Off.systemd.services.k3s.serviceConfig == vmServer1.systemd.services.k3s.serviceConfig;
+    };
   };
   # Turning regrade off must leave k3s.service's definition exactly as it was.
   k3sUnitUnchangedWhenDisabled =

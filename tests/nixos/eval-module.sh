@@ -69,6 +69,12 @@ for case, needle in want.items():
     for m in msgs:
         print("       message: " + m)
 
+vm = d["vm"]
+check(vm["server1"]["failingAssertions"] == [], "VM test server1 (three-servers.nix with vm-settings.toml): no assertion fails")
+check(vm["server1"]["settings"]["cluster"]["api_servers"] == ["https://192.168.1.2:6443", "https://192.168.1.3:6443"], "VM test server1 reaches the two others")
+check(vm["server2K3s"] == {"clusterInit": False, "serverAddr": "https://192.168.1.1:6443"}, "VM test server2 joins server1")
+check(vm["specialisationOff"] == {"regradeUnit": False, "preSwitchCheck": True, "k3sUnchanged": True}, "VM test's no-regrade specialisation: no regrade.service, the check, k3s.service unchanged")
+
 open(tmp + "/precheck.sh", "w").write(dis["preSwitchChecks"]["regrade-not-below-full"])
 open(tmp + "/credentials.sh", "w").write(en["credentialsScript"])
 
@@ -95,6 +101,7 @@ def toml(d, prefix=""):
         lines.append(toml(t, name + "."))
     return "\n".join(lines)
 open(tmp + "/generated.toml", "w").write(toml(en["settings"]) + "\n")
+open(tmp + "/vm-server1.toml", "w").write(toml(vm["server1"]["settings"]) + "\n")
 open(tmp + "/result", "w").write("fail" if fail else "ok")
 PY
 
@@ -133,12 +140,14 @@ echo 'disable-apiserver: true' >"$tmp/k3s/config.yaml.d/50-regrade.yaml"
 expect refuse "drop-in in place" test
 
 if [ -n "$regrade" ]; then
-  if "$regrade" --config "$tmp/generated.toml" check-config >"$tmp/check.out" 2>&1; then
-    echo "ok   the module's generated settings pass regrade check-config"
-  else
-    echo "FAIL regrade check-config on the module's generated settings:"; cat "$tmp/generated.toml" "$tmp/check.out"
-    echo fail >"$tmp/result"
-  fi
+  for f in generated vm-server1; do
+    if "$regrade" --config "$tmp/$f.toml" check-config >"$tmp/check.out" 2>&1; then
+      echo "ok   regrade check-config passes the module's settings ($f)"
+    else
+      echo "FAIL regrade check-config on the module's settings ($f):"; cat "$tmp/$f.toml" "$tmp/check.out"
+      echo fail >"$tmp/result"
+    fi
+  done
 fi
 
 if [ "$(cat "$tmp/result")" != ok ]; then
