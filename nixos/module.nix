@@ -1,0 +1,532 @@
+# services.regrade: steps a k3s server down under memory pressure without losing its
+# etcd vote, one server at a time (shared/SPEC.md §7).
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}: let
+  cfg = config.services.regrade;
+  k3s = config.services.k3s;
+  toml = pkgs.formats.toml {};
+
+  # The path regrade reads by default, so `regrade status` by hand finds it too.
+  configPath = "/etc/regrade/regrade.toml";
+  # A stable path for k3s's ExecStartPre: k3s.service's unit text then never changes when
+  # regrade is upgraded or turned off, so neither restarts k3s (SPEC §7, issue 5 step 9).
+  hookPath = "/etc/regrade/record-start";
+
+  # k3s reads `<config>.d/*.yaml` after its config file; with no --config, that is
+  # /etc/rancher/k3s/config.yaml.d.
+  k3sConfigFile =
+    if k3s.configPath == null
+    then "/etc/rancher/k3s/config.yaml"
+    else toString k3s.configPath;
+  defaultDropin = "${k3sConfigFile}.d/50-regrade.yaml";
+  dropinDir = dirOf cfg.settings.systemd.dropin;
+  recordFile = cfg.settings.systemd.record;
+  stateFile = cfg.settings.state_file;
+
+  # A path literal (./k3s.yaml) is copied into the store when k3s.service names it.
+  configPathInStore =
+    k3s.configPath
+    != null
+    && (builtins.isPath k3s.configPath || lib.hasPrefix builtins.storeDir (toString k3s.configPath));
+
+  mintCredentials = cfg.kubeconfig == null;
+  mintedKubeconfig = "/var/lib/regrade/kubeconfig";
+  tokenSecret = "${cfg.rbac.serviceAccount}-token";
+
+  # Typed options default to null, meaning "regrade's built-in default"; TOML has no null.
+  settingsFile = toml.generate "regrade.toml" (lib.filterAttrsRecursive (_: v: v != null) cfg.settings);
+
+  # Checked at build time, so a wrong key fails `nixos-rebuild`, not the running daemon.
+  checkedSettings =
+    if cfg.checkConfig
+    then
+      pkgs.runCommand "regrade.toml" {} ''
+        ${cfg.package}/bin/regrade --config ${settingsFile} check-config >/dev/null
+        cp ${settingsFile} $out
+      ''
+    else settingsFile;
+
+  recordStart = pkgs.writeShellScript "regrade-record-start" ''
+    exec ${cfg.package}/bin/regrade --config ${configPath} record-start
+  '';
+
+  # Runs before every start of k3s (ExecStartPre with "-": it can never fail k3s's start).
+  k3sStartHook = pkgs.writeShellScript "regrade-k3s-start-hook" ''
+    if [ -x ${hookPath} ]; then
+      exec ${hookPath}
+    fi
+    # regrade is off: a record left from when it was on would be stale once k3s restarts.
+    ${pkgs.coreutils}/bin/rm -f -- ${lib.escapeShellArg recordFile}
+  '';
+
+  # Writes a kubeconfig carrying only the ServiceAccount's token (the RBAC of deploy/rbac.yaml).
+  # It asks the local API server, then the other servers', with k3s's admin credentials,
+  # which only this oneshot (root, at start) reads; the daemon never holds them.
+  mintScript = pkgs.writeShellScript "regrade-credentials" ''
+    set -euo pipefail
+    umask 077
+    kubectl() { ${k3s.package}/bin/k3s kubectl --kubeconfig /etc/rancher/k3s/k3s.yaml --request-timeout=10s "$@"; }
+    out=${mintedKubeconfig}
+    for server in https://127.0.0.1:6443 ${lib.escapeShellArgs cfg.apiServers}; do
+      token=$(kubectl --server "$server" -n ${cfg.rbac.namespace} get secret ${tokenSecret} \
+        -o 'jsonpath={.data.token}' 2>/dev/null) || continue
+      ca=$(kubectl --server "$server" -n ${cfg.rbac.namespace} get secret ${tokenSecret} \
+        -o 'jsonpath={.data.ca\.crt}' 2>/dev/null) || continue
+      if [ -z "$token" ] || [ -z "$ca" ]; then
+        echo "regrade-credentials: Secret ${cfg.rbac.namespace}/${tokenSecret} on $server has no token yet (is ServiceAccount ${cfg.rbac.namespace}/${cfg.rbac.serviceAccount} from deploy/rbac.yaml applied?)" >&2
+        continue
+      fi
+      token=$(printf '%s' "$token" | ${pkgs.coreutils}/bin/base64 -d)
+      cat >"$out.tmp" <<EOF
+    apiVersion: v1
+    kind: Config
+    clusters:
+      - name: k3s
+        cluster:
+          server: https://127.0.0.1:6443
+          certificate-authority-data: $ca
+    users:
+      - name: ${cfg.rbac.serviceAccount}
+        user:
+          token: $token
+    contexts:
+      - name: regrade
+        context:
+          cluster: k3s
+          user: ${cfg.rbac.serviceAccount}
+          namespace: ${cfg.rbac.namespace}
+    current-context: regrade
+    EOF
+      mv -f "$out.tmp" "$out"
+      echo "regrade-credentials: wrote $out from Secret ${cfg.rbac.namespace}/${tokenSecret} via $server"
+      exit 0
+    done
+    if [ -s "$out" ]; then
+      echo "regrade-credentials: no API server answered; keeping the existing $out" >&2
+      exit 0
+    fi
+    echo "regrade-credentials: could not read Secret ${cfg.rbac.namespace}/${tokenSecret} from https://127.0.0.1:6443 ${toString cfg.apiServers}; retrying" >&2
+    exit 1
+  '';
+
+  nullOr = t: lib.types.nullOr t;
+  flagValue = with lib.types; oneOf [bool int str (listOf str)];
+  levelOptions = name: example: {
+    freeformType = toml.type;
+    options = {
+      taint_effect = lib.mkOption {
+        type = nullOr (lib.types.enum ["NoSchedule" "PreferNoSchedule" "NoExecute"]);
+        default = null;
+        example = "NoSchedule";
+        description = ''
+          Effect of regrade's taint on the Node while at `${name}`. `null`: regrade's
+          default, `NoExecute` (pods leave, so memory is freed).
+        '';
+      };
+      k3s = lib.mkOption {
+        type = nullOr (lib.types.attrsOf flagValue);
+        default = null;
+        inherit example;
+        description = ''
+          k3s flags (config.yaml keys, without dashes) in force at `${name}`, written to the
+          k3s config drop-in. `null`: regrade's built-in flags (none for `control-plane`;
+          `disable-apiserver`, `disable-controller-manager`, `disable-scheduler` for
+          `etcd-only`). Adding `disable-agent` is possible but k3s does not support it with
+          embedded etcd (such servers were seen restarting every 15 minutes).
+        '';
+      };
+    };
+  };
+in {
+  options.services.regrade = {
+    enable = lib.mkEnableOption ''
+      regrade on this k3s server: under sustained memory pressure it steps the server
+      down (control-plane, then etcd-only) keeping its etcd vote, one server of the
+      cluster at a time, and steps it back up once memory is calm'';
+
+    package = lib.mkOption {
+      type = lib.types.package;
+      default = pkgs.regrade;
+      defaultText = lib.literalExpression "regrade.packages.\${system}.default (the flake's module sets it)";
+      description = "The regrade package. Build it with the `docker` feature only for the Docker backend.";
+    };
+
+    apiServers = lib.mkOption {
+      type = lib.types.listOf (lib.types.strMatching "https://.+");
+      default = [];
+      example = ["https://10.0.0.2:6443" "https://10.0.0.3:6443"];
+      description = ''
+        API endpoints of the OTHER k3s servers. At `etcd-only` this server runs no API
+        server of its own, so regrade reaches the cluster through these (tried in turn).
+        Written to `cluster.api_servers`.
+      '';
+    };
+
+    kubeconfig = lib.mkOption {
+      type = nullOr lib.types.str;
+      default = null;
+      example = "/etc/rancher/k3s/k3s.yaml";
+      description = ''
+        Credentials regrade uses for the Kubernetes API. `null` (the default): a kubeconfig
+        with only the rights of deploy/rbac.yaml, written to ${mintedKubeconfig} by
+        `regrade-credentials.service` from the token Secret of the ServiceAccount
+        `rbac.serviceAccount`. Give `/etc/rancher/k3s/k3s.yaml` to run with k3s's admin
+        credentials instead (more rights than regrade needs).
+      '';
+    };
+
+    rbac = {
+      enable = lib.mkOption {
+        type = lib.types.bool;
+        default = true;
+        description = ''
+          Install regrade's RBAC (deploy/rbac.yaml: nodes, the Lease, node Leases, Events)
+          and a token Secret for its ServiceAccount through `services.k3s.manifests`, so
+          the cluster applies them. Turn off to manage them yourself.
+        '';
+      };
+      serviceAccount = lib.mkOption {
+        type = lib.types.str;
+        default = "regrade";
+        description = "The ServiceAccount deploy/rbac.yaml creates; its token Secret is `<name>-token`.";
+      };
+      namespace = lib.mkOption {
+        type = lib.types.str;
+        default = "kube-system";
+        description = "The namespace of that ServiceAccount (as in deploy/rbac.yaml).";
+      };
+    };
+
+    watchdogSec = lib.mkOption {
+      type = lib.types.ints.positive;
+      default = 60;
+      example = 120;
+      description = "systemd's `WatchdogSec` for regrade.service, in seconds; regrade pings at half of it, also while a step runs.";
+    };
+
+    checkConfig = lib.mkOption {
+      type = lib.types.bool;
+      default = pkgs.stdenv.buildPlatform.canExecute pkgs.stdenv.hostPlatform;
+      defaultText = lib.literalExpression "pkgs.stdenv.buildPlatform.canExecute pkgs.stdenv.hostPlatform";
+      description = "Run `regrade check-config` on the generated file at build time.";
+    };
+
+    settings = lib.mkOption {
+      default = {};
+      description = ''
+        regrade's configuration (/etc/regrade/regrade.toml); see `regrade check-config`
+        and the README for every key. The keys operators change most are typed here; any
+        other key may be set too. `null` leaves regrade's built-in default.
+      '';
+      example = lib.literalExpression ''
+        {
+          step_up = "automatic";
+          pressure = {
+            threshold = 40;
+            mem_available_floor = "512MiB";
+            sustain = "1m";
+            cooldown = "5m";
+          };
+          levels.control-plane.taint_effect = "NoSchedule";
+        }
+      '';
+      type = lib.types.submodule {
+        freeformType = toml.type;
+        options = {
+          step_up = lib.mkOption {
+            type = nullOr (lib.types.enum ["automatic" "manual"]);
+            default = null;
+            example = "manual";
+            description = "`manual`: never step back up by itself (`regrade step up` does). `null`: `automatic`.";
+          };
+          state_file = lib.mkOption {
+            type = lib.types.str;
+            default = "/run/regrade/state.json";
+            description = "Where `regrade watch` publishes its level, streaks and last step for `regrade status` (and the switch-time check).";
+          };
+          pressure = lib.mkOption {
+            default = {};
+            description = "When a sample is over or calm (SPEC §3).";
+            type = lib.types.submodule {
+              freeformType = toml.type;
+              options = {
+                threshold = lib.mkOption {
+                  type = nullOr (lib.types.either lib.types.int lib.types.float);
+                  default = null;
+                  example = 40;
+                  description = "PSI percent (of `metric`, default some_avg10) at or above which a sample may be over. `null`: 40.";
+                };
+                calm_threshold = lib.mkOption {
+                  type = nullOr (lib.types.either lib.types.int lib.types.float);
+                  default = null;
+                  example = 10;
+                  description = "PSI percent below which a sample may be calm. `null`: `threshold`.";
+                };
+                mem_available_floor = lib.mkOption {
+                  type = nullOr (lib.types.either lib.types.ints.unsigned lib.types.str);
+                  default = null;
+                  example = "512MiB";
+                  description = "Over also needs MemAvailable below this, calm at or above it. `null`: 512MiB.";
+                };
+                sustain = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  example = "2m";
+                  description = "How long a streak of over (or calm) samples must last before a step. `null`: 1m.";
+                };
+                cooldown = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  example = "10m";
+                  description = "Least time between two steps, in either direction. `null`: 5m.";
+                };
+              };
+            };
+          };
+          levels = lib.mkOption {
+            default = {};
+            description = "Per-level settings below `full`.";
+            type = lib.types.submodule {
+              freeformType = toml.type;
+              options = {
+                control-plane = lib.mkOption {
+                  default = {};
+                  description = "The `control-plane` level: cordoned, tainted, labelled, k3s not restarted.";
+                  type = lib.types.submodule (levelOptions "control-plane" {});
+                };
+                etcd-only = lib.mkOption {
+                  default = {};
+                  description = "The `etcd-only` level: k3s restarted without API server, controller manager and scheduler.";
+                  type = lib.types.submodule (levelOptions "etcd-only" {
+                    disable-apiserver = true;
+                    disable-controller-manager = true;
+                    disable-scheduler = true;
+                  });
+                };
+              };
+            };
+          };
+          cluster = lib.mkOption {
+            default = {};
+            description = "Coordination across servers (the Lease, the peer gate, the API endpoints).";
+            type = lib.types.submodule {
+              freeformType = toml.type;
+              options = {
+                api_servers = lib.mkOption {
+                  type = lib.types.listOf lib.types.str;
+                  default = [];
+                  description = "Set from `services.regrade.apiServers`; set that instead.";
+                };
+                kubeconfig = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  description = "Set from `services.regrade.kubeconfig` (the minted least-privilege kubeconfig by default).";
+                };
+              };
+            };
+          };
+          systemd = lib.mkOption {
+            default = {};
+            description = "The systemd actuator.";
+            type = lib.types.submodule {
+              freeformType = toml.type;
+              options = {
+                dropin = lib.mkOption {
+                  type = lib.types.str;
+                  default = defaultDropin;
+                  defaultText = lib.literalExpression ''"''${services.k3s.configPath or "/etc/rancher/k3s/config.yaml"}.d/50-regrade.yaml"'';
+                  description = "The k3s config drop-in regrade writes below `full`; it must be in the directory k3s reads drop-ins from.";
+                };
+                record = lib.mkOption {
+                  type = lib.types.str;
+                  default = "/run/regrade/started-level";
+                  description = "Where the ExecStartPre hook of k3s.service records the level k3s started at.";
+                };
+              };
+            };
+          };
+        };
+      };
+    };
+  };
+
+  config = lib.mkMerge [
+    # Whenever k3s runs, whether regrade is on or off: the same ExecStartPre line, so
+    # turning regrade on or off, or upgrading it, never changes (and restarts) k3s.service.
+    (lib.mkIf k3s.enable {
+      systemd.services.k3s.serviceConfig.ExecStartPre = ["-${k3sStartHook}"];
+    })
+
+    # Turning regrade off while the server is below full would leave it there: nothing
+    # would step it back up. This check is part of the configuration being switched TO,
+    # so it runs when that configuration has regrade off.
+    (lib.mkIf (!cfg.enable) {
+      system.preSwitchChecks.regrade-not-below-full = ''
+        if [ "''${2-}" != dry-activate ]; then
+          below=""
+          if [ -e ${lib.escapeShellArg cfg.settings.systemd.dropin} ]; then
+            below="regrade's k3s drop-in ${cfg.settings.systemd.dropin} is in place, so k3s runs (or will start) below full"
+          fi
+          if [ -r ${lib.escapeShellArg recordFile} ]; then
+            read -r level < ${lib.escapeShellArg recordFile} || level=""
+            if [ -n "$level" ] && [ "$level" != full ]; then
+              below="k3s was started at level '$level' (${recordFile})"
+            fi
+          fi
+          # control-plane restarts nothing, so only the daemon's own state tells it.
+          if [ -r ${lib.escapeShellArg stateFile} ]; then
+            state=$(< ${lib.escapeShellArg stateFile}) || state=""
+            if [[ $state =~ \"level\"[[:space:]]*:[[:space:]]*\"(control-plane|etcd-only)\" ]]; then
+              level=''${BASH_REMATCH[1]}
+              below="regrade's state (${stateFile}) says level '$level'"
+            fi
+          fi
+          if [ -n "$below" ]; then
+            echo "regrade: refusing to turn regrade off on this server while it is below full: $below." >&2
+            echo "Nothing would step it back up. First step it up by hand with the regrade still running:" >&2
+            echo "  regrade step to full    (then 'regrade status' must say: level full)" >&2
+            echo "and switch again." >&2
+            exit 1
+          fi
+        fi
+      '';
+    })
+
+    (lib.mkIf cfg.enable {
+      assertions = [
+        {
+          assertion = k3s.enable;
+          message = "services.regrade.enable needs services.k3s.enable = true: regrade steps this host's k3s server down and up.";
+        }
+        {
+          assertion = k3s.role == "server";
+          message = ''services.regrade: services.k3s.role is "${k3s.role}", but regrade steps k3s SERVERS (etcd voters) only; an agent has no etcd member to protect. Enable regrade on the servers, not on this agent.'';
+        }
+        {
+          assertion = cfg.apiServers != [];
+          message = "services.regrade.apiServers is empty: list the API endpoints of the other k3s servers (e.g. [ \"https://10.0.0.2:6443\" \"https://10.0.0.3:6443\" ]). At etcd-only this server has no API server of its own and reaches the cluster through theirs.";
+        }
+        {
+          assertion = !configPathInStore;
+          message = "services.regrade: services.k3s.configPath (${toString k3s.configPath}) ${
+            if builtins.isPath k3s.configPath
+            then "is a Nix path, so k3s reads a copy in the Nix store"
+            else "is in the Nix store"
+          }, where its drop-in directory (<config>.d) cannot be written: regrade could not change k3s's flags. Give a path outside the store as a string (e.g. \"/etc/rancher/k3s/config.yaml\", written with environment.etc) or leave configPath unset.";
+        }
+        {
+          assertion = configPathInStore || dropinDir == "${k3sConfigFile}.d";
+          message = "services.regrade.settings.systemd.dropin = \"${cfg.settings.systemd.dropin}\" is not in ${k3sConfigFile}.d, the directory k3s reads config drop-ins from: k3s would never see regrade's flags.";
+        }
+        {
+          assertion = lib.hasSuffix ".yaml" cfg.settings.systemd.dropin;
+          message = "services.regrade.settings.systemd.dropin = \"${cfg.settings.systemd.dropin}\" must end in .yaml: k3s reads only config.yaml.d/*.yaml.";
+        }
+      ];
+
+      services.regrade.settings.cluster = {
+        api_servers = cfg.apiServers;
+        kubeconfig = lib.mkDefault (
+          if mintCredentials
+          then mintedKubeconfig
+          else cfg.kubeconfig
+        );
+      };
+
+      environment.systemPackages = [cfg.package];
+      environment.etc."regrade/regrade.toml".source = checkedSettings;
+      environment.etc."regrade/record-start".source = recordStart;
+
+      systemd.tmpfiles.rules =
+        [
+          # Both must exist before regrade.service starts: its sandbox can only grant
+          # write access to paths that exist.
+          "d ${dropinDir} 0755 root root -"
+          "d ${dirOf recordFile} 0755 root root -"
+        ]
+        ++ lib.optional (dirOf stateFile != dirOf recordFile) "d ${dirOf stateFile} 0755 root root -";
+
+      services.k3s.manifests = lib.mkIf cfg.rbac.enable {
+        regrade-rbac.source = ../deploy/rbac.yaml;
+        regrade-token.content = {
+          apiVersion = "v1";
+          kind = "Secret";
+          type = "kubernetes.io/service-account-token";
+          metadata = {
+            name = tokenSecret;
+            inherit (cfg.rbac) namespace;
+            annotations."kubernetes.io/service-account.name" = cfg.rbac.serviceAccount;
+          };
+        };
+      };
+
+      systemd.services.regrade-credentials = lib.mkIf mintCredentials {
+        description = "regrade: least-privilege kubeconfig from its ServiceAccount token";
+        after = ["k3s.service"];
+        wants = ["k3s.service"];
+        before = ["regrade.service"];
+        startLimitIntervalSec = 0;
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = mintScript;
+          # The Secret exists only once the cluster has applied the manifests.
+          Restart = "on-failure";
+          RestartSec = "10s";
+          StateDirectory = "regrade";
+          StateDirectoryMode = "0700";
+        };
+      };
+
+      systemd.services.regrade = {
+        description = "regrade: steps this k3s server down under memory pressure, one server at a time";
+        wantedBy = ["multi-user.target"];
+        after = ["k3s.service" "network-online.target"] ++ lib.optional mintCredentials "regrade-credentials.service";
+        wants = ["k3s.service" "network-online.target"] ++ lib.optional mintCredentials "regrade-credentials.service";
+        restartTriggers = [checkedSettings];
+        startLimitIntervalSec = 0;
+        serviceConfig = {
+          Type = "notify";
+          NotifyAccess = "main";
+          ExecStart = "${cfg.package}/bin/regrade --config ${configPath} watch";
+          Restart = "always";
+          RestartSec = "5s";
+          WatchdogSec = cfg.watchdogSec;
+
+          # Root, but only to write root's k3s drop-in and talk to systemd on the system
+          # bus; every other capability is dropped. CAP_IPC_LOCK: mlockall, so a host that
+          # thrashes cannot page the watcher out.
+          CapabilityBoundingSet = ["CAP_IPC_LOCK"];
+          NoNewPrivileges = true;
+          ProtectSystem = "strict";
+          ReadWritePaths = lib.unique [dropinDir (dirOf recordFile) (dirOf stateFile)];
+          ProtectHome = true;
+          PrivateTmp = true;
+          PrivateDevices = true;
+          ProtectKernelTunables = true;
+          ProtectKernelModules = true;
+          ProtectKernelLogs = true;
+          ProtectControlGroups = true;
+          ProtectClock = true;
+          ProtectHostname = true;
+          # Not ProcSubset=pid: it hides /proc/pressure and /proc/meminfo.
+          ProtectProc = "invisible";
+          RestrictAddressFamilies = ["AF_UNIX" "AF_INET" "AF_INET6"];
+          RestrictNamespaces = true;
+          RestrictRealtime = true;
+          RestrictSUIDSGID = true;
+          LockPersonality = true;
+          MemoryDenyWriteExecute = true;
+          RemoveIPC = true;
+          SystemCallArchitectures = "native";
+          SystemCallFilter = ["@system-service" "@memlock" "~@privileged"];
+          UMask = "0022";
+        };
+      };
+    })
+  ];
+}

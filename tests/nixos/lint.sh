@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# lint.sh: what can be checked of the Nix side on a machine without nixpkgs.
+#   - every .nix file: `nix-instantiate --parse` (Debian's nix-bin), `deadnix --fail`,
+#     `alejandra --check` (tests/nixos/alejandra-check, the alejandra 3.1.0 library);
+#   - the VM test's Python test script compiles;
+#   - the settings the VM test gives regrade (tests/nixos/vm-settings.toml) pass
+#     `regrade check-config` with the binary built from this tree;
+#   - deploy/rbac.yaml has the ServiceAccount the module mints a token for;
+#   - with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), tests/nixos/eval-module.sh.
+# Tools go to ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint, outside the repo.
+# Env: REGRADE_BIN (a built regrade; default: cargo build, target/debug/regrade).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint"
+bin="$cache/bin"
+mkdir -p "$cache"
+export PATH="$bin:$PATH"
+
+if ! command -v nix-instantiate >/dev/null; then
+  apt-get install -y nix-bin || { apt-get update && apt-get install -y nix-bin; }
+fi
+if ! "$bin/deadnix" --version 2>/dev/null | grep -q '1\.3\.1'; then
+  cargo install --locked --version 1.3.1 --root "$cache" --target-dir "$cache/target" deadnix
+fi
+# A path install rebuilds only what changed; the target dir is kept in the cache.
+cargo install --quiet --locked --root "$cache" --target-dir "$cache/target" --path "$here/alejandra-check"
+
+cd "$repo"
+mapfile -t nixfiles < <(git ls-files '*.nix' 2>/dev/null || find . -name '*.nix' -not -path './target/*')
+[ "${#nixfiles[@]}" -gt 0 ] || { echo "lint: no .nix files found in $repo" >&2; exit 1; }
+for f in "${nixfiles[@]}"; do
+  nix-instantiate --parse "$f" >/dev/null
+done
+echo "ok   nix-instantiate --parse: ${#nixfiles[@]} files"
+deadnix --fail "${nixfiles[@]}"
+echo "ok   deadnix --fail"
+alejandra-check "${nixfiles[@]}"
+echo "ok   alejandra --check"
+python3 -c 'import json, sys; json.load(open("flake.lock"))'
+echo "ok   flake.lock is JSON"
+
+# The test script is Python inside a Nix string: evaluate it (it needs only the TOML)
+# and compile it, so a syntax error shows here and not after an hour of VM boots.
+nix-instantiate --eval --strict --json \
+  -E '(import ./nixos/tests/three-servers.nix { self = {}; pkgs = { lib = {}; }; }).testScript' |
+  python3 -c 'import json, sys; compile(json.load(sys.stdin), "three-servers testScript", "exec")'
+echo "ok   nixos/tests/three-servers.nix testScript compiles"
+
+regrade="${REGRADE_BIN:-}"
+if [ -z "$regrade" ]; then
+  cargo build --quiet
+  regrade="$repo/target/debug/regrade"
+fi
+"$regrade" --config tests/nixos/vm-settings.toml check-config >/dev/null
+echo "ok   regrade check-config tests/nixos/vm-settings.toml"
+
+# The module mints a token for ServiceAccount kube-system/regrade (its defaults); the
+# RBAC manifest must create exactly that account.
+if [ -f deploy/rbac.yaml ]; then
+  python3 - deploy/rbac.yaml <<'PY'
+import re, sys
+docs = re.split(r"(?m)^---\s*$", open(sys.argv[1]).read())
+def field(doc, key):
+    m = re.search(r"(?m)^\s+%s:\s*\"?([^\s\"]+)" % key, doc)
+    return m.group(1) if m else None
+sas = [(field(d, "namespace"), field(d, "name")) for d in docs if re.search(r"(?m)^kind:\s*ServiceAccount\s*$", d)]
+if ("kube-system", "regrade") not in sas:
+    sys.exit("deploy/rbac.yaml has no ServiceAccount kube-system/regrade (found %s), but services.regrade.rbac "
+             "defaults to it; change one to match the other" % sas)
+PY
+  echo "ok   deploy/rbac.yaml has ServiceAccount kube-system/regrade"
+else
+  echo "lint: deploy/rbac.yaml is missing; nixos/module.nix installs it through services.k3s.manifests" >&2
+  exit 1
+fi
+
+bash "$here/eval-module.sh" "${NIXPKGS_LIB:-}" "$regrade"
