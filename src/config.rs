@@ -209,19 +209,13 @@ impl Default for LevelConfig {
 pub const ETCD_ONLY_FLAGS: [&str; 3] = ["disable-apiserver", "disable-controller-manager", "disable-scheduler"];
 
 /// `[levels]`: per-level settings. `full` has none: it is k3s as configured.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LevelsConfig {
     #[serde(rename = "control-plane")]
     pub control_plane: LevelConfig,
     #[serde(rename = "etcd-only")]
     pub etcd_only: LevelConfig,
-}
-
-impl Default for LevelsConfig {
-    fn default() -> Self {
-        LevelsConfig { control_plane: LevelConfig::default(), etcd_only: LevelConfig::default() }
-    }
 }
 
 impl LevelsConfig {
