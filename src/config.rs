@@ -218,7 +218,6 @@ pub struct LevelsConfig {
     pub etcd_only: LevelConfig,
 }
 
-
 impl LevelsConfig {
     /// The settings of `level`; `None` for `full`.
     pub fn get(&self, level: Level) -> Option<&LevelConfig> {

@@ -21,6 +21,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let explicit = cli.config.as_os_str() != config::DEFAULT_PATH;
+    if let Command::Entrypoint { command } = &cli.command {
+        // k3s must start even when regrade's configuration is broken: the entrypoint
+        // reads only its [levels], leniently.
+        return regrade::actuator::entrypoint::run(&cli.config, explicit, command);
+    }
     let cfg = config::Config::load(&cli.config, explicit)?;
     match cli.command {
         Command::CheckConfig => {
@@ -34,6 +39,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Watch { dry_run } => watch::run(&cfg, dry_run),
         Command::Step { target } => watch::step_by_hand(&cfg, target),
         Command::RecordStart => regrade::actuator::systemd::record_start(&cfg),
-        Command::Entrypoint { command } => regrade::actuator::entrypoint::run(&cfg, &command),
+        Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }

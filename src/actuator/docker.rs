@@ -1,28 +1,328 @@
-//! The Docker actuator (SPEC §5, docker; cargo feature `docker`). (Being implemented:
-//! issue 6.)
+//! The Docker actuator (SPEC §5, docker; cargo feature `docker`): k3s server runs as a
+//! Docker container whose entrypoint is `regrade entrypoint -- k3s server ARGS...`
+//! (see [`super::entrypoint`]).
+//!
+//! - The level is a file on the k3s data volume (`docker.level_file`, one line: the
+//!   level's name), written atomically. The entrypoint reads it at every start of the
+//!   container, so a level survives `docker restart`, a dockerd restart, a reboot.
+//! - When the flags of the running level and of the new one differ
+//!   ([`LevelsConfig::needs_restart`]), the container is restarted through the Docker
+//!   Engine API (`POST /containers/{id}/restart?t=...`): a restart, never a recreate, so
+//!   the container keeps its node password and its own configuration, and a later
+//!   Compose or Ansible run does not undo a level. Then etcd's health and, where the
+//!   level runs the agent, a Node Ready on a heartbeat newer than the container's new
+//!   start; on failure the previous level file is put back, the container restarted
+//!   again, and the error says what happened.
+//! - What k3s runs with is the level the entrypoint recorded on the container's tmpfs
+//!   at its start (`docker.started_level_file`), read with `cat` through the Engine's
+//!   exec API: `GET /containers/{id}/archive` does not see a tmpfs mount. A running
+//!   container without a record (its k3s started before regrade was set up) runs at
+//!   `full`.
+//!
+//! Why plain HTTP over the engine's socket and not the bollard crate: the actuator
+//! needs four calls (inspect, restart, exec create/start/inspect) and reads five
+//! fields; hyper is already in the build through kube, so this is ~150 lines and no
+//! new dependency, where bollard would add its generated API models and their
+//! dependencies to a daemon that should stay small.
 
+mod engine;
+mod health;
+mod http;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
-use crate::config::Config;
+use self::engine::{Container, Engine};
+use self::health::HealthUrl;
+use super::entrypoint::{self, parse_level, read_level_file, write_atomically};
+use super::{Actuator, NodeReadiness};
+use crate::config::{Config, HumanDuration, LevelsConfig};
+use crate::level::Level;
 
 /// `[docker]`
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DockerConfig {
-    /// The k3s server container.
+    /// The Docker Engine's API socket. Access to it is root on the host.
+    pub socket: PathBuf,
+    /// The k3s server container (name or ID).
     pub container: String,
+    /// The level file as regrade sees it: on the k3s data volume, the same file the
+    /// k3s container's entrypoint reads (`REGRADE_LEVEL_FILE` there).
+    pub level_file: PathBuf,
+    /// The started-level record inside the k3s container, on its tmpfs
+    /// (`REGRADE_STARTED_LEVEL_FILE` there).
+    pub started_level_file: PathBuf,
+    /// How long a restart lets k3s stop before the engine kills it (`t=` of the
+    /// restart call; whole seconds).
+    pub stop_timeout: HumanDuration,
+    /// etcd's health endpoint, which k3s serves without TLS (with host networking, on
+    /// the host's loopback).
+    pub etcd_health_url: String,
+    /// How long a restart may take to become healthy (and Ready) before it is undone.
+    pub health_timeout: HumanDuration,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig {
+            socket: PathBuf::from("/var/run/docker.sock"),
+            container: "k3s".into(),
+            level_file: PathBuf::from(entrypoint::DEFAULT_LEVEL_FILE),
+            started_level_file: PathBuf::from(entrypoint::DEFAULT_STARTED_LEVEL_FILE),
+            stop_timeout: HumanDuration(Duration::from_secs(30)),
+            etcd_health_url: "http://127.0.0.1:2381/health".into(),
+            health_timeout: HumanDuration(Duration::from_secs(300)),
+        }
+    }
 }
 
 impl DockerConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+        if self.container.is_empty() || !self.container.chars().all(name_ok) {
+            bail!("docker.container = {:?} is not a container name or ID", self.container);
+        }
+        if !self.socket.is_absolute() {
+            bail!("docker.socket = {:?} must be an absolute path", self.socket);
+        }
+        if !self.level_file.is_absolute() || self.level_file.file_name().is_none() {
+            bail!("docker.level_file = {:?} must be an absolute path to a file", self.level_file);
+        }
+        if !self.started_level_file.is_absolute() || self.started_level_file.to_str().is_none() {
+            bail!("docker.started_level_file = {:?} must be an absolute path", self.started_level_file);
+        }
+        HealthUrl::parse(&self.etcd_health_url)
+            .with_context(|| format!("docker.etcd_health_url = {:?}", self.etcd_health_url))?;
+        if self.health_timeout.0.is_zero() {
+            bail!("docker.health_timeout must be more than 0");
+        }
         Ok(())
     }
 }
 
-pub struct DockerActuator;
+pub struct DockerActuator {
+    cfg: DockerConfig,
+    levels: LevelsConfig,
+    engine: Engine,
+    health: HealthUrl,
+}
 
 impl DockerActuator {
-    pub fn new(_cfg: &Config) -> anyhow::Result<crate::actuator::systemd::SystemdActuator> {
-        anyhow::bail!("the Docker actuator is not implemented yet (issue 6)")
+    pub fn new(cfg: &Config) -> anyhow::Result<DockerActuator> {
+        let d = cfg.docker.clone();
+        let health = HealthUrl::parse(&d.etcd_health_url)
+            .with_context(|| format!("docker.etcd_health_url = {:?}", d.etcd_health_url))?;
+        Ok(DockerActuator { engine: Engine::new(&d.socket), cfg: d, levels: cfg.levels.clone(), health })
+    }
+
+    async fn running_container(&self) -> anyhow::Result<Container> {
+        let c = self.engine.inspect(&self.cfg.container).await?;
+        if !c.running {
+            bail!(
+                "container {} is {}, not running: the level k3s runs at cannot be read",
+                self.cfg.container,
+                c.status
+            );
+        }
+        Ok(c)
+    }
+
+    /// The level the entrypoint recorded when the container's k3s started.
+    async fn started_level(&self, c: &Container) -> anyhow::Result<Level> {
+        let record = self.cfg.started_level_file.to_str().context("docker.started_level_file is not UTF-8")?;
+        let out = self.engine.exec(&c.id, &["cat", record]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match out.exit_code {
+            0 => parse_level(&out.stdout)
+                .with_context(|| format!("started-level record {record} in container {}", self.cfg.container)),
+            _ if stderr.contains("No such file") => Ok(Level::Full),
+            code => bail!(
+                "reading the started-level record {record} in container {} with `cat` exited {code}: {}",
+                self.cfg.container,
+                stderr.trim()
+            ),
+        }
+    }
+
+    /// The level the level file names (no file, or one the entrypoint cannot read:
+    /// `full`, which is what the entrypoint would start).
+    fn file_level(&self) -> Level {
+        read_level_file(&self.cfg.level_file).ok().flatten().unwrap_or(Level::Full)
+    }
+
+    /// Of the levels whose flags k3s runs with (those of `started`), the one nearest to
+    /// what the level file says: a level reached without a restart (`control-plane`
+    /// from `full`) is the file's, while a file whose flags k3s does not run with (a
+    /// restart that never happened) does not count.
+    fn level_from(&self, started: Level, file: Level) -> Level {
+        let pos = |l: Level| l.index_in(&Level::ALL).unwrap_or(0);
+        Level::ALL
+            .into_iter()
+            .filter(|l| !self.levels.needs_restart(started, *l))
+            .min_by_key(|l| (pos(*l).abs_diff(pos(file)), pos(*l).abs_diff(pos(started))))
+            .unwrap_or(started)
+    }
+
+    /// Restarts the container and waits until its k3s serves at `expected`: etcd
+    /// healthy and, where `expected` runs the agent, the Node Ready on a heartbeat
+    /// newer than the container's new start.
+    async fn restart_into(&self, expected: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let name = &self.cfg.container;
+        let before = self.engine.inspect(name).await?;
+        let timeout = self.cfg.health_timeout.0;
+        tracing::info!(container = %name, level = %expected, "restarting the k3s container");
+        self.engine.restart(&before.id, self.cfg.stop_timeout.0).await?;
+        let deadline = Instant::now() + timeout;
+        let after = self.engine.inspect(name).await?;
+        health::wait_healthy(&self.health, deadline, timeout).await?;
+        let started = self.started_level(&self.running_container().await?).await?;
+        if self.levels.needs_restart(started, expected) {
+            bail!(
+                "container {name} started k3s with the flags of {started}, not those of {expected}: is its \
+                 entrypoint `regrade entrypoint`, reading the level file {} (REGRADE_LEVEL_FILE)?",
+                self.cfg.level_file.display()
+            );
+        }
+        if self.levels.runs_agent(expected) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            readiness
+                .wait_ready_since(after.started_at, left)
+                .await
+                .with_context(|| format!("waiting for the Node to be Ready after restarting container {name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Puts the level file back as it was (`None`: there was none).
+    fn restore_file(&self, previous: &Option<Vec<u8>>) -> anyhow::Result<()> {
+        let path = &self.cfg.level_file;
+        match previous {
+            Some(bytes) => write_atomically(path, bytes),
+            None => match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("removing {}", path.display()))
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl Actuator for DockerActuator {
+    fn levels(&self) -> &[Level] {
+        &Level::ALL
+    }
+
+    async fn current_level(&self) -> anyhow::Result<Level> {
+        let started = self.started_level(&self.running_container().await?).await?;
+        Ok(self.level_from(started, self.file_level()))
+    }
+
+    async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let name = self.cfg.container.clone();
+        let path = self.cfg.level_file.clone();
+        let started = self.started_level(&self.running_container().await?).await?;
+        let previous = match std::fs::read(&path) {
+            Ok(b) => Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("reading level file {}", path.display())),
+        };
+        write_atomically(&path, format!("{level}\n").as_bytes())?;
+        if !self.levels.needs_restart(started, level) {
+            tracing::info!(container = %name, level = %level, "level file written; k3s's flags are unchanged, no restart");
+            return Ok(());
+        }
+        let failure = match self.restart_into(level, readiness).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let failed = format!("restarting container {name} into level {level} failed: {failure:#}");
+        tracing::error!(container = %name, error = %failed, "putting the previous level back");
+        if let Err(e) = self.restore_file(&previous) {
+            bail!("{failed}; putting back the previous level file {} failed too: {e:#}", path.display());
+        }
+        // What the entrypoint will start from the restored file.
+        let back = previous.as_deref().and_then(|b| parse_level(b).ok()).unwrap_or(Level::Full);
+        match self.restart_into(back, readiness).await {
+            Ok(()) => bail!(
+                "{failed}; restored the previous level {back} (level file {}) and restarted container {name}: \
+                 k3s serves at {back} again",
+                path.display()
+            ),
+            Err(e) => bail!(
+                "{failed}; restored the previous level {back} (level file {}) and restarted container {name}, \
+                 but that failed too: {e:#}",
+                path.display()
+            ),
+        }
+    }
+
+    async fn disagreement(&self) -> Option<String> {
+        let started = self.started_level(&self.running_container().await.ok()?).await.ok()?;
+        let file = self.file_level();
+        self.levels.needs_restart(started, file).then(|| {
+            format!(
+                "container {} runs k3s with the flags of {started}, but the level file {} says {file}: \
+                 the next restart of the container would change k3s's flags",
+                self.cfg.container,
+                self.cfg.level_file.display()
+            )
+        })
+    }
+
+    /// A level file whose flags k3s does not run with (regrade died between writing
+    /// it and restarting, or someone edited it) is set to the level k3s runs at, so
+    /// that a restart by anyone does not change the level behind the core's back. No
+    /// restart here: the core steps from the level k3s runs at.
+    async fn reconcile(&mut self, _readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        if self.disagreement().await.is_none() {
+            return Ok(());
+        }
+        let level = self.current_level().await?;
+        write_atomically(&self.cfg.level_file, format!("{level}\n").as_bytes())?;
+        tracing::info!(level = %level, file = %self.cfg.level_file.display(), "level file set to the level k3s runs at");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actuator(toml: &str) -> DockerActuator {
+        DockerActuator::new(&Config::parse(toml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_level_follows_the_file_where_k3s_runs_its_flags() {
+        let a = actuator("");
+        // No restart between full and control-plane: the file says which.
+        assert_eq!(a.level_from(Level::Full, Level::ControlPlane), Level::ControlPlane);
+        assert_eq!(a.level_from(Level::ControlPlane, Level::Full), Level::Full);
+        assert_eq!(a.level_from(Level::EtcdOnly, Level::EtcdOnly), Level::EtcdOnly);
+        // A file k3s was never restarted into: the nearest level k3s's flags allow.
+        assert_eq!(a.level_from(Level::Full, Level::EtcdOnly), Level::ControlPlane);
+        assert_eq!(a.level_from(Level::EtcdOnly, Level::ControlPlane), Level::EtcdOnly);
+        assert_eq!(a.level_from(Level::EtcdOnly, Level::Full), Level::EtcdOnly);
+    }
+
+    #[test]
+    fn keys_are_named() {
+        let e = |t: &str| format!("{:#}", Config::parse(t).unwrap_err());
+        assert!(e("[docker]\ncontainer = \"\"\n").contains("docker.container"));
+        assert!(e("[docker]\ncontainer = \"a/b\"\n").contains("docker.container"));
+        assert!(e("[docker]\netcd_health_url = \"https://127.0.0.1:2381/health\"\n").contains("docker.etcd_health_url"));
+        assert!(e("[docker]\nlevel_file = \"level\"\n").contains("docker.level_file"));
+        assert!(e("[docker]\nhealth_timeout = \"0s\"\n").contains("docker.health_timeout"));
+        assert!(e("[docker]\ncontainr = \"k3s\"\n").contains("containr"));
+        let c = Config::parse("[docker]\ncontainer = \"k3s-server_1\"\nstop_timeout = \"10s\"\n").unwrap();
+        assert_eq!(c.docker.stop_timeout.0, Duration::from_secs(10));
     }
 }

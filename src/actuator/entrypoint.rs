@@ -1,12 +1,224 @@
 //! `regrade entrypoint -- k3s server ARGS...`: the k3s container's entrypoint (SPEC §5,
 //! docker). In every build, since the container runs it whether or not this build
-//! has the Docker actuator. (Being implemented: issue 6.)
+//! has the Docker actuator.
+//!
+//! At every start of the container it reads the level file (on the k3s data volume,
+//! written by the Docker actuator), records the level it starts k3s at on the
+//! container's tmpfs (where the actuator reads it back: k3s hides its arguments), and
+//! `exec`s k3s with ARGS plus the level's flags (`[levels.<level>.k3s]` of regrade's
+//! configuration, as `--flag` arguments). So a level survives `docker restart`, a
+//! dockerd restart and a host reboot.
+//!
+//! k3s must always start: a missing, unreadable or corrupt level file, a broken
+//! configuration or a record that cannot be written all start k3s at `full` (its
+//! own arguments only), with a message on stderr (the container's log).
+//!
+//! Paths inside the k3s container, from its environment:
+//! - `REGRADE_LEVEL_FILE` (default [`DEFAULT_LEVEL_FILE`]): the level file.
+//! - `REGRADE_STARTED_LEVEL_FILE` (default [`DEFAULT_STARTED_LEVEL_FILE`]): the record;
+//!   its directory should be a tmpfs (`--tmpfs /run`), so a record never outlives the
+//!   container's run.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::config::Config;
+use anyhow::Context;
 
-pub fn run(_cfg: &Config, _command: &[OsString]) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("entrypoint is not implemented yet (issue 6)")
+use crate::config::{FlagValue, LevelsConfig};
+use crate::level::Level;
+
+pub const LEVEL_FILE_ENV: &str = "REGRADE_LEVEL_FILE";
+pub const STARTED_LEVEL_FILE_ENV: &str = "REGRADE_STARTED_LEVEL_FILE";
+/// On k3s's data volume (`/var/lib/rancher/k3s`), so it lives as long as the server.
+pub const DEFAULT_LEVEL_FILE: &str = "/var/lib/rancher/k3s/regrade-level";
+/// On the container's tmpfs.
+pub const DEFAULT_STARTED_LEVEL_FILE: &str = "/run/regrade/started-level";
+
+pub fn run(config: &Path, explicit: bool, command: &[OsString]) -> anyhow::Result<ExitCode> {
+    let Some((program, args)) = command.split_first() else {
+        anyhow::bail!("entrypoint: no k3s command given (usage: regrade entrypoint -- k3s server ARGS...)");
+    };
+    let level_file = env_path(LEVEL_FILE_ENV, DEFAULT_LEVEL_FILE);
+    let record = env_path(STARTED_LEVEL_FILE_ENV, DEFAULT_STARTED_LEVEL_FILE);
+
+    let (mut level, levels) = match levels_config(config, explicit) {
+        Ok(levels) => (level_to_start(&level_file), levels),
+        Err(e) => {
+            say(&format!("{e:#}; starting k3s at full"));
+            (Level::Full, LevelsConfig::default())
+        }
+    };
+    if let Err(e) = write_atomically(&record, format!("{level}\n").as_bytes()) {
+        // No record must mean `full` (what the actuator reads), so start at `full`.
+        say(&format!("recording the started level in {}: {e:#}; starting k3s at full", record.display()));
+        let _ = std::fs::remove_file(&record);
+        level = Level::Full;
+    }
+    let flags = flag_args(&levels.k3s_flags(level));
+    say(&format!("starting k3s at level {level}{}", describe(&flags)));
+    let err = std::process::Command::new(program).args(args).args(&flags).exec();
+    Err(err).with_context(|| format!("entrypoint: exec {}", program.to_string_lossy()))
+}
+
+fn env_path(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| default.into())
+}
+
+fn say(msg: &str) {
+    eprintln!("regrade entrypoint: {msg}");
+}
+
+fn describe(flags: &[String]) -> String {
+    if flags.is_empty() {
+        String::new()
+    } else {
+        format!(", adding {}", flags.join(" "))
+    }
+}
+
+/// The `[levels]` of regrade's configuration: only that section is the entrypoint's
+/// business, so the rest is not checked (a `[docker]` section is unknown to a build
+/// without the Docker actuator, and must not keep k3s from starting).
+fn levels_config(path: &Path, explicit: bool) -> anyhow::Result<LevelsConfig> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(LevelsConfig::default()),
+        Err(e) => return Err(e).with_context(|| format!("reading the configuration {}", path.display())),
+    };
+    let table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    match table.get("levels") {
+        None => Ok(LevelsConfig::default()),
+        Some(v) => v.clone().try_into().with_context(|| format!("in {}: [levels]", path.display())),
+    }
+}
+
+/// The level the file asks for; `full` when it is absent, and `full` with a message
+/// when it cannot be read or makes no sense.
+fn level_to_start(path: &Path) -> Level {
+    match read_level_file(path) {
+        Ok(Some(level)) => level,
+        Ok(None) => {
+            say(&format!("no level file {}: full", path.display()));
+            Level::Full
+        }
+        Err(e) => {
+            say(&format!("{e:#}; starting k3s at full"));
+            Level::Full
+        }
+    }
+}
+
+/// The level file: one line, a level's name. `None` when there is no file.
+pub fn read_level_file(path: &Path) -> anyhow::Result<Option<Level>> {
+    match std::fs::read(path) {
+        Ok(bytes) => parse_level(&bytes).map(Some).with_context(|| format!("level file {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading level file {}", path.display())),
+    }
+}
+
+pub fn parse_level(bytes: &[u8]) -> anyhow::Result<Level> {
+    let text = std::str::from_utf8(bytes).map_err(|_| anyhow::anyhow!("is not text"))?;
+    text.trim().parse::<Level>().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Writes `path` so that a reader sees the old or the new content, never a part, and
+/// the new content survives a crash once this returns.
+pub fn write_atomically(path: &Path, content: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = path.file_name().with_context(|| format!("{} names no file", path.display()))?;
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(content)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {}", path.display()))
+}
+
+/// A level's flags as k3s command-line arguments: `--name` for `true`, `--name=value`
+/// otherwise, a list as the flag repeated (k3s's list flags accumulate).
+pub fn flag_args(flags: &BTreeMap<String, FlagValue>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, value) in flags {
+        match value {
+            FlagValue::Bool(true) => out.push(format!("--{name}")),
+            FlagValue::Bool(false) => out.push(format!("--{name}=false")),
+            FlagValue::Int(n) => out.push(format!("--{name}={n}")),
+            FlagValue::Str(s) => out.push(format!("--{name}={s}")),
+            FlagValue::List(items) => out.extend(items.iter().map(|i| format!("--{name}={i}"))),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_become_arguments() {
+        let levels = LevelsConfig::default();
+        assert_eq!(
+            flag_args(&levels.k3s_flags(Level::EtcdOnly)),
+            ["--disable-apiserver", "--disable-controller-manager", "--disable-scheduler"]
+        );
+        assert!(flag_args(&levels.k3s_flags(Level::Full)).is_empty());
+        let custom: BTreeMap<String, FlagValue> = [
+            ("disable-agent".to_string(), FlagValue::Bool(false)),
+            ("etcd-arg".to_string(), FlagValue::List(vec!["a=1".into(), "b=2".into()])),
+            ("https-listen-port".to_string(), FlagValue::Int(7443)),
+            ("node-name".to_string(), FlagValue::Str("s1".into())),
+        ]
+        .into();
+        assert_eq!(
+            flag_args(&custom),
+            ["--disable-agent=false", "--etcd-arg=a=1", "--etcd-arg=b=2", "--https-listen-port=7443", "--node-name=s1"]
+        );
+    }
+
+    #[test]
+    fn the_level_file_is_one_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("level");
+        assert_eq!(read_level_file(&p).unwrap(), None);
+        write_atomically(&p, b"etcd-only\n").unwrap();
+        assert_eq!(read_level_file(&p).unwrap(), Some(Level::EtcdOnly));
+        std::fs::write(&p, b"etcd-onl\xff").unwrap();
+        let e = format!("{:#}", read_level_file(&p).unwrap_err());
+        assert!(e.contains(&p.display().to_string()), "{e}");
+        std::fs::write(&p, b"half").unwrap();
+        let e = format!("{:#}", read_level_file(&p).unwrap_err());
+        assert!(e.contains("half") && e.contains(&p.display().to_string()), "{e}");
+        assert_eq!(level_to_start(&p), Level::Full);
+        // No temporary file is left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn only_the_levels_section_matters() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regrade.toml");
+        std::fs::write(&p, "[docker]\nwhatever = 1\n[levels.etcd-only.k3s]\ndisable-apiserver = true\n").unwrap();
+        let levels = levels_config(&p, true).unwrap();
+        assert_eq!(flag_args(&levels.k3s_flags(Level::EtcdOnly)), ["--disable-apiserver"]);
+        std::fs::write(&p, "[levels.etcd-only]\nk3s = 3\n").unwrap();
+        let e = format!("{:#}", levels_config(&p, true).unwrap_err());
+        assert!(e.contains(&p.display().to_string()) && e.contains("[levels]"), "{e}");
+        assert_eq!(levels_config(&dir.path().join("absent.toml"), false).unwrap(), LevelsConfig::default());
+        assert!(levels_config(&dir.path().join("absent.toml"), true).is_err());
+    }
 }
