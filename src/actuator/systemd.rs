@@ -165,6 +165,7 @@ impl SystemdActuator {
                     format_duration(ready)
                 )
             })?;
+            tracing::info!(unit = %unit, level = %level, "the Node is Ready on a heartbeat newer than the restart");
         }
         Ok(())
     }

@@ -261,7 +261,10 @@ impl LeaseLock {
                 spec.holder_identity = None;
             }
             match self.replace(eps, &lease).await {
-                Ok(_) => return,
+                Ok(_) => {
+                    tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), "released the Lease");
+                    return;
+                }
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not release the Lease; it expires by itself");

@@ -30,12 +30,57 @@ fn script() -> PathBuf {
 pub struct Container {
     pub name: String,
     vars: HashMap<String, String>,
-    _lock: MutexGuard<'static, ()>,
+    /// Held by containers on the default address (see [`Container::up`]).
+    _lock: Option<MutexGuard<'static, ()>>,
 }
 
 impl Container {
+    /// A container on the rig's default loopback address; its system bus becomes this
+    /// process's DBUS_SYSTEM_BUS_ADDRESS.
     pub fn up(name: &str) -> Container {
         let lock = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let c = Self::boot(name, lock);
+        std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", c.var("BUS"));
+        c
+    }
+
+    /// Boots several containers at once, each with container.sh's settings in its `env`
+    /// (REGRADE_NSPAWN_ADDR, a different one each, seeds, ...): a
+    /// three-member etcd reaches quorum, and so readiness, only once all three run.
+    /// If any fails, all are stopped and removed before the panic.
+    pub fn up_many(specs: &[(&str, Vec<(&str, String)>)]) -> Vec<Container> {
+        let children: Vec<_> = specs
+            .iter()
+            .map(|(name, env)| {
+                Command::new(script())
+                    .args(["up", name])
+                    .env("REGRADE_BIN", env!("CARGO_BIN_EXE_regrade"))
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("running tests/nspawn/container.sh")
+            })
+            .collect();
+        let outs: Vec<_> = children.into_iter().map(|c| c.wait_with_output().expect("container.sh up")).collect();
+        let mut failed = String::new();
+        let mut up = Vec::new();
+        for ((name, _), out) in specs.iter().zip(outs) {
+            if out.status.success() {
+                up.push(Self::from_output(name, &out.stdout, None));
+            } else {
+                failed += &format!("container.sh up {name} failed:\n{}\n", String::from_utf8_lossy(&out.stderr));
+                let _ = Command::new(script()).args(["down", name]).status();
+            }
+        }
+        if !failed.is_empty() {
+            drop(up);
+            panic!("{failed}");
+        }
+        up
+    }
+
+    fn boot(name: &str, lock: MutexGuard<'static, ()>) -> Container {
         let out = Command::new(script())
             .args(["up", name])
             .env("REGRADE_BIN", env!("CARGO_BIN_EXE_regrade"))
@@ -46,15 +91,17 @@ impl Container {
             let _ = Command::new(script()).args(["down", name]).status();
             panic!("container.sh up {name} failed:\n{stderr}");
         }
-        let vars = String::from_utf8_lossy(&out.stdout)
+        Self::from_output(name, &out.stdout, Some(lock))
+    }
+
+    /// The container described by container.sh up's KEY=VALUE lines.
+    fn from_output(name: &str, stdout: &[u8], lock: Option<MutexGuard<'static, ()>>) -> Container {
+        let vars = String::from_utf8_lossy(stdout)
             .lines()
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let c = Container { name: name.to_string(), vars, _lock: lock };
-        // The system bus the actuator under test talks to is the container's.
-        std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", c.var("BUS"));
-        c
+        Container { name: name.to_string(), vars, _lock: lock }
     }
 
     pub fn var(&self, k: &str) -> &str {
@@ -142,10 +189,26 @@ impl Drop for Container {
     fn drop(&mut self) {
         if std::thread::panicking() {
             if let Ok(out) = Command::new("nsenter")
-                .args(["-t", self.var("PID"), "-a", "journalctl", "-u", "k3s.service", "--no-pager", "-n", "60"])
+                .args([
+                    "-t",
+                    self.var("PID"),
+                    "-a",
+                    "journalctl",
+                    "-u",
+                    "k3s.service",
+                    "-u",
+                    "regrade.service",
+                    "--no-pager",
+                    "-n",
+                    "80",
+                ])
                 .output()
             {
-                eprintln!("--- k3s.service journal ---\n{}", String::from_utf8_lossy(&out.stdout));
+                eprintln!(
+                    "--- {}: k3s.service and regrade.service journal ---\n{}",
+                    self.name,
+                    String::from_utf8_lossy(&out.stdout)
+                );
             }
         }
         let _ = Command::new(script()).args(["down", &self.name]).status();

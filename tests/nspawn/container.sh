@@ -19,7 +19,12 @@
 #
 # Inputs (env): REGRADE_BIN (the regrade binary to install; required for up),
 # REGRADE_STANDIN_BIN_DIR (k3s-standin and kube-apiserver; default: tests/rig/build.sh),
-# REGRADE_NSPAWN_HEALTH_DELAY (default 3s), REGRADE_TEST_CACHE.
+# REGRADE_NSPAWN_HEALTH_DELAY (default 3s), REGRADE_NSPAWN_NODE_NAME (the stand-in's
+# node and etcd member name; default regrade-test), REGRADE_TEST_CACHE.
+# Seeds, copied in before boot so k3s and regrade find them at their first start (the
+# end-to-end test's cluster membership, certificates, regrade.toml, enabled units):
+# REGRADE_NSPAWN_SEED_ETC (a dir copied into ETC), REGRADE_NSPAWN_SEED_ROOT (a dir
+# copied over the container's root).
 # Output of up: PID NSPAWN_PID DIR ROOT ETC RUN BUS HEALTH_URL ADDR
 set -euo pipefail
 
@@ -32,6 +37,7 @@ case "$name" in *[!a-zA-Z0-9-]*) echo "container.sh: bad name $name" >&2; exit 2
 dir="$cache/nspawn-run/$name"
 addr="${REGRADE_NSPAWN_ADDR:-127.0.0.61}"
 api_port="${REGRADE_NSPAWN_API_PORT:-16443}"
+node_name="${REGRADE_NSPAWN_NODE_NAME:-regrade-test}"
 
 log() { echo "container.sh[$name]: $*" >&2; }
 
@@ -69,7 +75,7 @@ up() {
   mkdir -p "$dir/etc-k3s/config.yaml.d" "$dir/run-regrade"
   cp -a "$root" "$dir/root"
   local sys="$dir/root/etc/systemd/system"
-  sed -e "s/@ADDR@/$addr/g" -e "s/@APIPORT@/$api_port/g" \
+  sed -e "s/@ADDR@/$addr/g" -e "s/@APIPORT@/$api_port/g" -e "s/@NODENAME@/$node_name/g" \
       -e "s/@DELAY@/${REGRADE_NSPAWN_HEALTH_DELAY:-3s}/g" "$here/k3s.service" > "$sys/k3s.service"
   mkdir -p "$sys/k3s.service.d" "$sys/multi-user.target.wants"
   cp "$repo/packaging/systemd/k3s.service.d/regrade.conf" "$sys/k3s.service.d/"
@@ -77,6 +83,8 @@ up() {
   # The shipped regrade unit, installed but not enabled: systemd-analyze security reads it.
   cp "$repo/packaging/systemd/regrade.service" "$sys/regrade.service"
   mkdir -p "$dir/root/etc/rancher/k3s" "$dir/root/run/regrade"
+  [ -z "${REGRADE_NSPAWN_SEED_ETC:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ETC/." "$dir/etc-k3s/"
+  [ -z "${REGRADE_NSPAWN_SEED_ROOT:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ROOT/." "$dir/root/"
   log "booting (rootfs $root, stand-in $bin, address $addr)"
   setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive \
     -D "$dir/root" -M "$name" \

@@ -558,11 +558,14 @@ type agent struct {
 }
 
 // do runs f against the current API server, failing over to the next on errors
-// that are not answers from an API server.
+// that are not answers from an API server, and on 503s: a server at etcd-only
+// answers its API port with 503 "apiserver disabled" (k3s's agent then goes
+// through its load balancer to another server).
 func (a *agent) do(f func(cs *kubernetes.Clientset) error) error {
 	var err error
 	for i := 0; i < len(a.clients); i++ {
-		if err = f(a.clients[a.cur]); err == nil || apierrors.ReasonForError(err) != metav1.StatusReasonUnknown {
+		err = f(a.clients[a.cur])
+		if err == nil || (apierrors.ReasonForError(err) != metav1.StatusReasonUnknown && !apierrors.IsServiceUnavailable(err)) {
 			return err
 		}
 		a.cur = (a.cur + 1) % len(a.clients)

@@ -1,0 +1,785 @@
+//! Three k3s servers end to end on this machine (issue 7): the twin of the NixOS VM
+//! test nixos/tests/three-servers.nix. Each server is a Debian booted in systemd-nspawn
+//! (real systemd and D-Bus; tests/nspawn/container.sh) on its own loopback address
+//! 127.0.0.11–13, running the k3s stand-in as k3s.service (one member of a real
+//! three-member etcd, a real kube-apiserver, the agent's Node and node Lease) and the
+//! real regrade.service from packaging/systemd/, configured by tests/e2e/regrade.toml.
+//! Pressure comes from fixture files this test writes into each container; it observes
+//! through the API, the containers' files, `regrade status --json` run inside, and
+//! etcd's own member list.
+//!
+//! Gated by REGRADE_TEST_E2E=1 (root). Run alone: see tests/e2e/README.md.
+
+mod common;
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::nspawn::Container;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Secret};
+use kube::api::{ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Api;
+use serde_json::{json, Value};
+
+const GATE: &str = "REGRADE_TEST_E2E";
+const LABEL: &str = "regrade.dev/level";
+const TAINT: &str = "regrade.dev/stepped-down";
+const FIXTURES: &str = "var/lib/regrade-fixture";
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+fn addr(n: usize) -> String {
+    format!("127.0.0.1{n}")
+}
+
+fn api_url(n: usize) -> String {
+    format!("https://{}:6443", addr(n))
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// Polls `f` until it returns `Some`, or panics naming `what` after `within`.
+fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// One server: its container, its number, its fixture files.
+struct Server {
+    n: usize,
+    name: String,
+    c: Container,
+}
+
+impl Server {
+    fn fixture(&self, f: &str) -> PathBuf {
+        PathBuf::from(self.c.var("ROOT")).join(FIXTURES).join(f)
+    }
+
+    /// Writes both fixture files in place (same inode): regrade keeps them open.
+    fn pressure(&self, psi: f64, available_kb: u64) {
+        std::fs::write(
+            self.fixture("pressure"),
+            format!(
+                "some avg10={psi:.2} avg60={psi:.2} avg300={psi:.2} total=0\n\
+                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(self.fixture("meminfo"), format!("MemTotal: 1572864 kB\nMemAvailable: {available_kb} kB\n"))
+            .unwrap();
+    }
+
+    fn over(&self) {
+        self.pressure(80.0, 100 * 1024)
+    }
+
+    fn calm(&self) {
+        self.pressure(0.0, 1024 * 1024)
+    }
+
+    /// Neither over nor calm: the watcher takes no step of its own.
+    fn neither(&self) {
+        self.pressure(20.0, 1024 * 1024)
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.c.exec(&["regrade", "status", "--json"])).unwrap()
+    }
+
+    fn level(&self) -> String {
+        self.status()["level"].as_str().unwrap().to_string()
+    }
+
+    /// Waits until k3s runs at `level` and the step there has returned: the hook records
+    /// the level as k3s starts, before the step's health and readiness waits are over.
+    fn wait_level(&self, level: &str, within: Duration) {
+        wait_for(&format!("{} at level {level}, its step done (regrade status)", self.name), within, || {
+            let st = self.status();
+            let last = &st["last_step"];
+            (st["level"] == level && (last.is_null() || (last["to"] == level && last["result"] == "done")))
+                .then_some(())
+        })
+    }
+
+    fn systemctl(&self, args: &[&str]) -> String {
+        let mut a = vec!["systemctl"];
+        a.extend_from_slice(args);
+        self.c.exec(&a)
+    }
+
+    /// A unit's main process, as a PID in the container.
+    fn main_pid(&self, unit: &str) -> String {
+        let pid = self.systemctl(&["show", "-P", "MainPID", unit]).trim().to_string();
+        assert!(pid != "0" && !pid.is_empty(), "{unit} in {} has no main process", self.name);
+        pid
+    }
+
+    /// Host PIDs of this container's processes (in its PID namespace) named `comm`, or
+    /// whose PID inside the container is `inner`. Minimal Debian has no kill or pgrep,
+    /// so signals are sent from the host.
+    fn host_pids(&self, comm: Option<&str>, inner: Option<&str>) -> Vec<i32> {
+        let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+        let ours = ns(self.c.var("PID"));
+        assert!(ours.is_some(), "{}'s PID 1 is gone", self.name);
+        let mut pids = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            if ns(&pid.to_string()) != ours {
+                continue;
+            }
+            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+            let ns_pid =
+                status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last());
+            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            if comm.is_some_and(|c| name.trim() == c) || (inner.is_some() && ns_pid == inner) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Sends `sig` to the process that is `inner` inside the container.
+    fn signal(&self, sig: i32, inner: &str) {
+        let pids = self.host_pids(None, Some(inner));
+        assert_eq!(pids.len(), 1, "process {inner} in {}: host PIDs {pids:?}", self.name);
+        // SAFETY: signals one process of the container this test booted.
+        assert_eq!(unsafe { libc::kill(pids[0], sig) }, 0, "kill {sig} {}", pids[0]);
+    }
+
+    fn healthy(&self) -> bool {
+        common::nspawn::health_ok(&format!("http://{}:2381/health", addr(self.n)))
+    }
+
+    fn standin_pid(&self) -> i64 {
+        self.c.standin_flags()["pid"].as_i64().unwrap()
+    }
+
+    /// etcd's member list, through this server's etcd client URL (the JSON gateway).
+    fn etcd_members(&self) -> Vec<Value> {
+        let body = "{}";
+        let a = format!("{}:2379", addr(self.n));
+        let mut s = TcpStream::connect(&a).unwrap_or_else(|e| panic!("etcd at {a}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "POST /v3/cluster/member/list HTTP/1.0\r\nHost: {a}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let (_, json) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("etcd at {a} answered {text:?}"));
+        let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd at {a} answered {json:?}: {e}"));
+        v["members"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn member_id(&self, of: &str) -> String {
+        let members = self.etcd_members();
+        let ids: Vec<_> = members.iter().filter(|m| m["name"] == of).map(|m| m["ID"].to_string()).collect();
+        assert_eq!(ids.len(), 1, "etcd members of {of} seen through {}: {members:?}", self.name);
+        ids[0].clone()
+    }
+
+    /// regrade's journal as (unix seconds, message, fields).
+    fn regrade_journal(&self) -> Vec<(f64, String, Value)> {
+        self.c
+            .exec(&["journalctl", "-u", "regrade.service", "-o", "json", "--no-pager"])
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| {
+                let t = v["__REALTIME_TIMESTAMP"].as_str()?.parse::<f64>().ok()? / 1e6;
+                Some((t, v["MESSAGE"].as_str()?.to_string(), v))
+            })
+            .collect()
+    }
+}
+
+/// A journal entry's field, as tracing-journald names it (upper case, prefixed).
+fn field<'a>(v: &'a Value, name: &str) -> &'a str {
+    v[format!("F_{name}")].as_str().or_else(|| v[name].as_str()).unwrap_or("?")
+}
+
+/// The milestones of every step that ran on `s` (from regrade's journal), with the
+/// time each phase took. Refused steps (retried every sample) are left out.
+fn timeline(s: &Server, origin: f64) -> String {
+    const MILESTONES: [(&str, &str); 7] = [
+        ("step failed; restoring", "k3s failed; restoring"),
+        ("restarted k3s", "restart of k3s.service"),
+        ("etcd is healthy after the restart", "etcd healthy"),
+        ("the Node is Ready on a heartbeat newer", "Node Ready"),
+        ("released the Lease", "Lease released"),
+        ("step done", "step done"),
+        ("step failed", "STEP FAILED"),
+    ];
+    let mut out = String::new();
+    // The step under way: its start and the lines so far.
+    let mut step: Option<(f64, f64, &str, String)> = None;
+    for (t, msg, v) in s.regrade_journal() {
+        if msg == "stepping" {
+            let head =
+                format!("  {:>8.2}s {}  step {} -> {}\n", t - origin, s.name, field(&v, "LEVEL"), field(&v, "TO"));
+            step = Some((t, t, "step started", head));
+        } else if msg == "step refused" {
+            step = None;
+        } else if msg == "regrade watch starting" || msg.starts_with("converged on the level k3s runs at") {
+            if let Some((.., lines)) = step.take() {
+                out += &lines;
+                out += "             (regrade died during this step)\n";
+            }
+            let what = if msg == "regrade watch starting" { "regrade watch (re)started" } else { "converged on k3s" };
+            let _ = writeln!(out, "  {:>8.2}s {}  {what} at level {}", t - origin, s.name, field(&v, "LEVEL"));
+        } else if let Some((_, what)) = MILESTONES.iter().find(|(m, _)| msg.starts_with(m)) {
+            match step.as_mut() {
+                Some((t0, prev, prev_what, lines)) => {
+                    let _ = writeln!(
+                        lines,
+                        "  {:>8.2}s {}    {what:<24} +{:>6.2}s after {prev_what}",
+                        t - origin,
+                        s.name,
+                        t - *prev
+                    );
+                    (*prev, *prev_what) = (t, what);
+                    if msg.starts_with("step done") || msg.starts_with("step failed") {
+                        let _ = writeln!(lines, "  {:>9} {}    total {:.2}s", "", s.name, t - *t0);
+                        out += lines;
+                        step = None;
+                    }
+                }
+                None => {
+                    let _ = writeln!(out, "  {:>8.2}s {}  {what}", t - origin, s.name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Kubernetes clients on the host, as admin, one per server's API.
+struct Api3 {
+    kubeconfig: PathBuf,
+}
+
+impl Api3 {
+    async fn client(&self, n: usize) -> kube::Client {
+        let kc = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
+        cfg.cluster_url = api_url(n).parse().unwrap();
+        cfg.connect_timeout = Some(Duration::from_secs(5));
+        cfg.read_timeout = Some(Duration::from_secs(15));
+        kube::Client::try_from(cfg).unwrap()
+    }
+}
+
+async fn node(c: &kube::Client, name: &str) -> Node {
+    Api::<Node>::all(c.clone()).get(name).await.unwrap()
+}
+
+fn label(n: &Node) -> Option<String> {
+    n.metadata.labels.as_ref().and_then(|l| l.get(LABEL).cloned())
+}
+
+fn cordoned(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+fn tainted(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == TAINT))
+}
+
+/// The Nodes carrying the level label (i.e. below `full`).
+async fn below_full(c: &kube::Client) -> Vec<String> {
+    let nodes = Api::<Node>::all(c.clone()).list(&ListParams::default()).await.unwrap();
+    nodes.items.iter().filter(|n| label(n).is_some()).map(|n| n.metadata.name.clone().unwrap()).collect()
+}
+
+/// Ready on a node Lease renewed within 40 s (the peer gate's rule).
+async fn node_ready(c: &kube::Client, name: &str) -> bool {
+    let Ok(n) = Api::<Node>::all(c.clone()).get(name).await else { return false };
+    let ready = n
+        .status
+        .and_then(|s| s.conditions)
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let Ok(l) = Api::<Lease>::namespaced(c.clone(), "kube-node-lease").get(name).await else { return false };
+    let renewed = l.spec.and_then(|s| s.renew_time).map(|t| t.0.as_second() as f64).unwrap_or(0.0);
+    ready && now() - renewed < 40.0
+}
+
+/// Who holds regrade's Lease now: `None` when absent, released or expired.
+async fn lease_holder(c: &kube::Client) -> Option<String> {
+    let l = Api::<Lease>::namespaced(c.clone(), "kube-system").get_opt("regrade").await.unwrap()?;
+    let spec = l.spec?;
+    let holder = spec.holder_identity.filter(|h| !h.is_empty())?;
+    let renewed = spec.renew_time.map(|t| t.0.as_millisecond() as f64 / 1e3).unwrap_or(0.0);
+    let duration = spec.lease_duration_seconds.unwrap_or(0) as f64;
+    (renewed + duration > now()).then_some(holder)
+}
+
+async fn events(c: &kube::Client, node: &str, reason: &str) -> Vec<String> {
+    let evs = Api::<Event>::namespaced(c.clone(), "default").list(&ListParams::default()).await.unwrap();
+    evs.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(node) && e.reason.as_deref() == Some(reason))
+        .map(|e| e.message.unwrap_or_default())
+        .collect()
+}
+
+/// Watches, from another thread and through `via`'s API, that no Node but `stepping`
+/// is below full; counts its looks so the test knows it looked.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    looks: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Poller {
+    fn start(api: &Api3, via: usize, stepping: &'static str) -> Poller {
+        let (stop, looks, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)), Arc::default());
+        let kubeconfig = api.kubeconfig.clone();
+        let (s, l, v): (Arc<AtomicBool>, Arc<AtomicUsize>, Arc<Mutex<Vec<String>>>) =
+            (stop.clone(), looks.clone(), Arc::clone(&seen));
+        let thread = std::thread::spawn(move || {
+            common::block_on(async move {
+                let c = Api3 { kubeconfig }.client(via).await;
+                while !s.load(Ordering::SeqCst) {
+                    if let Ok(nodes) = Api::<Node>::all(c.clone()).list(&ListParams::default()).await {
+                        for n in nodes.items.iter().filter(|n| label(n).is_some()) {
+                            let name = n.metadata.name.clone().unwrap();
+                            if name != stepping {
+                                v.lock().unwrap().push(format!("{name} at {:?}", label(n)));
+                            }
+                        }
+                        l.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            })
+        });
+        Poller { stop, looks, seen, thread: Some(thread) }
+    }
+
+    /// Stops; panics if another server was seen below full or too few looks were had.
+    fn finish(mut self, min_looks: usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+        let seen = self.seen.lock().unwrap();
+        assert!(seen.is_empty(), "another server was below full meanwhile: {seen:?}");
+        let looks = self.looks.load(Ordering::SeqCst);
+        assert!(looks >= min_looks, "the poller looked only {looks} times");
+    }
+}
+
+/// The seeds of server `n`: its k3s config and certificates (ETC), its regrade.toml,
+/// calm fixture files and regrade.service enabled (root).
+fn seed(tmp: &Path, certs: &Path, n: usize) -> (PathBuf, PathBuf) {
+    let others: Vec<usize> = (1..=3).filter(|&m| m != n).collect();
+    let etc = tmp.join(format!("seed{n}/etc"));
+    let root = tmp.join(format!("seed{n}/root"));
+    std::fs::create_dir_all(etc.join("tls")).unwrap();
+    for e in std::fs::read_dir(certs).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != "admin.kubeconfig" {
+            std::fs::copy(e.path(), etc.join("tls").join(e.file_name())).unwrap();
+        }
+    }
+    let servers: String = others.iter().map(|&m| format!("  - {}\n", api_url(m))).collect();
+    let k3s = std::fs::read_to_string(repo("tests/e2e/k3s-config.yaml")).unwrap();
+    std::fs::write(etc.join("config.yaml"), k3s.replace("@N@", &n.to_string()).replace("@SERVERS@\n", &servers))
+        .unwrap();
+    let api_servers = others.iter().map(|&m| format!("{:?}", api_url(m))).collect::<Vec<_>>().join(", ");
+    let toml = std::fs::read_to_string(repo("tests/e2e/regrade.toml")).unwrap();
+    std::fs::create_dir_all(root.join("etc/regrade")).unwrap();
+    std::fs::write(
+        root.join("etc/regrade/regrade.toml"),
+        toml.replace("@N@", &n.to_string()).replace("@API_SERVERS@", &api_servers),
+    )
+    .unwrap();
+    let fixtures = root.join(FIXTURES);
+    std::fs::create_dir_all(&fixtures).unwrap();
+    std::fs::write(
+        fixtures.join("pressure"),
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+    )
+    .unwrap();
+    std::fs::write(fixtures.join("meminfo"), "MemTotal: 1572864 kB\nMemAvailable: 1048576 kB\n").unwrap();
+    let wants = root.join("etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants).unwrap();
+    std::os::unix::fs::symlink("../regrade.service", wants.join("regrade.service")).unwrap();
+    (etc, root)
+}
+
+fn run(cmd: &Path, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{}: {e}", cmd.display()));
+    assert!(out.status.success(), "{} {args:?}: {}", cmd.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Waits until every server is at `full` (status and Node label) and regrade's Lease is
+/// free: what every fault must end in.
+async fn settled(api: &kube::Client, servers: &[Server], within: Duration, after: &str) {
+    let t0 = Instant::now();
+    loop {
+        let levels: Vec<String> = servers.iter().map(Server::level).collect();
+        let below = below_full(api).await;
+        let holder = lease_holder(api).await;
+        if levels.iter().all(|l| l == "full") && below.is_empty() && holder.is_none() {
+            println!("[{after}] settled after {:.1}s: every server at full, no Lease held", t0.elapsed().as_secs_f64());
+            return;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{after}: not settled within {within:?}: levels {levels:?}, labelled {below:?}, Lease held by {holder:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[test]
+fn three_servers_end_to_end() {
+    if std::env::var(GATE).as_deref() != Ok("1") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED three_servers_end_to_end: set {GATE}=1 (root; boots three systemd-nspawn containers)"
+        );
+        return;
+    }
+    let t_start = Instant::now();
+    let build = Command::new(repo("tests/rig/build.sh")).stderr(std::process::Stdio::inherit()).output().unwrap();
+    assert!(build.status.success(), "tests/rig/build.sh failed");
+    let bin = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().unwrap().trim());
+
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs");
+    run(
+        &bin.join("harness"),
+        &[
+            "certs",
+            certs.to_str().unwrap(),
+            "--host",
+            &addr(1),
+            "--host",
+            &addr(2),
+            "--host",
+            &addr(3),
+            "--server",
+            &api_url(2),
+        ],
+    );
+    let specs: Vec<(String, Vec<(&str, String)>)> = (1..=3)
+        .map(|n| {
+            let (etc, root) = seed(tmp.path(), &certs, n);
+            (
+                format!("e2e-server{n}"),
+                vec![
+                    ("REGRADE_NSPAWN_ADDR", addr(n)),
+                    ("REGRADE_NSPAWN_API_PORT", "6443".into()),
+                    ("REGRADE_NSPAWN_NODE_NAME", format!("server{n}")),
+                    ("REGRADE_NSPAWN_SEED_ETC", etc.display().to_string()),
+                    ("REGRADE_NSPAWN_SEED_ROOT", root.display().to_string()),
+                    ("REGRADE_STANDIN_BIN_DIR", bin.display().to_string()),
+                ],
+            )
+        })
+        .collect();
+    let specs: Vec<(&str, Vec<(&str, String)>)> = specs.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
+    let servers: Vec<Server> = Container::up_many(&specs)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| Server { n: i + 1, name: format!("server{}", i + 1), c })
+        .collect();
+    let origin = now();
+    println!("[boot] three containers up after {:.1}s", t_start.elapsed().as_secs_f64());
+
+    let api3 = Api3 { kubeconfig: certs.join("admin.kubeconfig") };
+    common::block_on(scenario(&api3, &servers, &bin, &certs));
+
+    // server2's steps were by hand (`regrade step`), outside the daemon's journal.
+    println!("\n== server1's steps (seconds since the containers were up; from regrade.service's journal) ==");
+    println!("{}", timeline(&servers[0], origin));
+    println!("[done] whole scenario in {:.1}s", t_start.elapsed().as_secs_f64());
+}
+
+async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
+    let [s1, s2, s3] = [&servers[0], &servers[1], &servers[2]];
+    let t0 = Instant::now();
+    let phase = |name: &str| println!("[{:>6.1}s] {name}", t0.elapsed().as_secs_f64());
+    let (a1, a2, a3) = (api3.client(1).await, api3.client(2).await, api3.client(3).await);
+
+    // The cluster: three Nodes Ready, three etcd members, regrade at full everywhere.
+    for s in servers {
+        let name = s.name.clone();
+        let t = Instant::now();
+        while !node_ready(&a2, &name).await {
+            assert!(t.elapsed() < Duration::from_secs(180), "Node {name} not Ready within 180s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let members = s1.etcd_members();
+    assert_eq!(members.len(), 3, "etcd members: {members:?}");
+    for s in servers {
+        assert_eq!(s.systemctl(&["is-active", "regrade.service"]).trim(), "active");
+        assert_eq!(s.level(), "full");
+    }
+    // regrade runs with a ServiceAccount token bound by deploy/rbac.yaml, not as admin.
+    let admin_kc = certs.join("admin.kubeconfig");
+    run(
+        &bin.join("kubectl"),
+        &["--kubeconfig", admin_kc.to_str().unwrap(), "apply", "-f", repo("deploy/rbac.yaml").to_str().unwrap()],
+    );
+    let sa = certs.join("regrade-sa.kubeconfig");
+    run(&bin.join("harness"), &["mint-sa", admin_kc.to_str().unwrap(), "kube-system", "regrade", sa.to_str().unwrap()]);
+    let sa_text = std::fs::read_to_string(&sa).unwrap();
+    assert!(sa_text.contains("token:") && !sa_text.contains("client-key"), "{sa_text}");
+    for s in servers {
+        let text =
+            sa_text.replace(&certs.display().to_string(), "/etc/rancher/k3s/tls").replace(&api_url(2), &api_url(s.n));
+        std::fs::write(s.c.etc().join("regrade.kubeconfig"), text).unwrap();
+    }
+    phase("cluster up: 3 Nodes Ready, 3 etcd members, regrade.service active and at full on each");
+
+    // 1. A Lease held by a made-up holder refuses a step; released, the step proceeds.
+    let leases: Api<Lease> = Api::namespaced(a2.clone(), "kube-system");
+    let stamp = k8s_openapi::jiff::Timestamp::now();
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "regrade", "namespace": "kube-system"},
+        "spec": {"holderIdentity": "made-up-holder", "leaseDurationSeconds": 3600,
+                 "acquireTime": stamp.to_string(), "renewTime": stamp.to_string()}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    s1.over();
+    wait_for("server1's step refused for the held Lease", Duration::from_secs(60), || {
+        (s1.status()["refusal"]["kind"] == "lease-held").then_some(())
+    });
+    assert_eq!(s1.level(), "full");
+    assert_eq!(label(&node(&a2, "server1").await), None);
+    let id_before = s2.member_id("server1");
+    let secret_before =
+        Api::<Secret>::namespaced(a2.clone(), "kube-system").get("server1.node-password.k3s").await.unwrap();
+    // From here on, no server but server1 may be below full (step 2).
+    let poller = Poller::start(api3, 3, "server1");
+    leases.delete("regrade", &Default::default()).await.unwrap();
+    phase("1. a made-up holder's Lease refused the step (status: lease-held); Lease deleted");
+
+    // 2. Pressure steps server1 to control-plane, then etcd-only.
+    s1.wait_level("control-plane", Duration::from_secs(60));
+    let n1 = node(&a2, "server1").await;
+    assert!(matches!(label(&n1).as_deref(), Some("control-plane" | "etcd-only")), "{:?}", label(&n1));
+    assert!(cordoned(&n1) && tainted(&n1), "server1 at control-plane is cordoned and tainted");
+    phase("2a. server1 at control-plane: labelled, cordoned, tainted");
+    s1.wait_level("etcd-only", Duration::from_secs(120));
+    assert!(s1.c.dropin().exists(), "the drop-in {} is there at etcd-only", s1.c.dropin().display());
+    assert_eq!(s1.c.standin_flags()["flags"]["disable-apiserver"], json!(true));
+    assert!(s1.healthy(), "server1's etcd serves at etcd-only");
+    let t = Instant::now();
+    while label(&node(&a2, "server1").await).as_deref() != Some("etcd-only") {
+        assert!(t.elapsed() < Duration::from_secs(30), "server1's label is not etcd-only");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(below_full(&a2).await, ["server1"]);
+    for s in [s2, s3] {
+        assert_eq!(s.level(), "full", "{}", s.name);
+    }
+    poller.finish(20);
+    phase("2b. server1 at etcd-only; no other server below full meanwhile (polled every 300ms)");
+
+    // 3. server1 keeps its etcd member ID, its Node with the label, its node-password Secret.
+    assert_eq!(s2.member_id("server1"), id_before);
+    assert_eq!(s1.member_id("server1"), id_before);
+    assert_eq!(label(&node(&a3, "server1").await).as_deref(), Some("etcd-only"));
+    let secret_after =
+        Api::<Secret>::namespaced(a2.clone(), "kube-system").get("server1.node-password.k3s").await.unwrap();
+    assert_eq!(secret_after.metadata.uid, secret_before.metadata.uid);
+    assert_eq!(secret_after.data, secret_before.data);
+    phase("3. server1 kept its etcd member ID, its Node (labelled etcd-only), its node-password Secret");
+
+    // 4. With server1 at etcd-only and server3's k3s stopped, writes through server2's API
+    //    still succeed (server1's vote counts).
+    s3.systemctl(&["stop", "k3s.service"]);
+    let cms: Api<ConfigMap> = Api::namespaced(a2.clone(), "default");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"at": "etcd-only"}})).unwrap()
+    };
+    let t = Instant::now();
+    loop {
+        match cms.create(&PostParams::default(), &cm("quorum-check")).await {
+            Ok(_) => break,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(60), "write through server2 with server3 down: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    cms.get("quorum-check").await.unwrap();
+    phase("4a. server3's k3s stopped: a write through server2's API succeeded (server1's etcd vote counts)");
+
+    // 5. Pressure on server2 meanwhile is refused (server1 is below full, server3 down):
+    //    visible in `regrade status` and as an Event on server2's Node.
+    s2.over();
+    let refusal = wait_for("server2's step refused", Duration::from_secs(60), || {
+        let st = s2.status();
+        (!st["refusal"].is_null()).then(|| st["refusal"].clone())
+    });
+    assert_eq!(s2.level(), "full");
+    assert_eq!(label(&node(&a2, "server2").await), None);
+    let t = Instant::now();
+    while events(&a2, "server2", "RegradeRefused").await.is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "no RegradeRefused Event on server2");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    s2.calm();
+    phase(&format!(
+        "5. pressure on server2 refused ({}: {}), with an Event RegradeRefused on its Node",
+        refusal["kind"], refusal["message"]
+    ));
+
+    //    ... and with server1's etcd stopped as well, writes fail: the check can fail.
+    s1.systemctl(&["stop", "k3s.service"]);
+    let failed =
+        tokio::time::timeout(Duration::from_secs(20), cms.create(&PostParams::default(), &cm("no-quorum"))).await;
+    assert!(!matches!(failed, Ok(Ok(_))), "a write with one etcd member of three succeeded");
+    for s in [s1, s3] {
+        s.systemctl(&["start", "--no-block", "k3s.service"]);
+    }
+    for s in servers {
+        let name = s.name.clone();
+        let t = Instant::now();
+        while !(s.healthy() && node_ready(&a2, &name).await) {
+            assert!(t.elapsed() < Duration::from_secs(120), "{name} not back (etcd healthy, Node Ready) within 120s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    assert_eq!(s1.level(), "etcd-only", "server1 restarted at etcd-only (its record)");
+    phase("4b. server1's etcd also stopped: the write failed; server1 and server3 started again");
+
+    // 6. Calm values step server1 back to full by itself.
+    s1.calm();
+    s1.wait_level("full", Duration::from_secs(180));
+    assert_eq!(s1.status()["last_step"]["from"], "control-plane");
+    assert!(!s1.c.dropin().exists(), "the drop-in is gone at full");
+    let t = Instant::now();
+    while label(&node(&a2, "server1").await).is_some() {
+        assert!(t.elapsed() < Duration::from_secs(30), "server1 still labelled at full");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let n1 = node(&a2, "server1").await;
+    assert!(!cordoned(&n1) && !tainted(&n1), "cordon and taint gone: {:?}", n1.spec);
+    assert_eq!(s1.c.standin_flags()["flags"]["disable-apiserver"], json!(false));
+    assert_eq!(s2.member_id("server1"), id_before);
+    assert!(events(&a2, "server1", "RegradeStepUp").await.len() >= 2);
+    phase("6. calm values stepped server1 back to full: label, cordon, taint and drop-in gone, same member ID");
+
+    // 7. regrade step down / step up by hand on server2.
+    let t = Instant::now();
+    while !node_ready(&a2, "server1").await {
+        assert!(t.elapsed() < Duration::from_secs(60), "server1 not Ready");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    s2.neither();
+    s2.c.exec(&["regrade", "step", "down"]);
+    assert_eq!(s2.level(), "control-plane");
+    assert_eq!(label(&node(&a1, "server2").await).as_deref(), Some("control-plane"));
+    s2.c.exec(&["regrade", "step", "up"]);
+    assert_eq!(s2.level(), "full");
+    assert_eq!(label(&node(&a1, "server2").await), None);
+    s2.calm();
+    settled(&a2, servers, Duration::from_secs(60), "7").await;
+    phase("7. regrade step down / step up by hand on server2");
+
+    // 8a. regrade SIGKILLed between writing the drop-in and restarting k3s: the system
+    //     bus is frozen so regrade stops right after the write (it connects to systemd
+    //     only to restart), then killed.
+    s1.over();
+    s1.wait_level("control-plane", Duration::from_secs(60));
+    let dbus = s1.main_pid("dbus.service");
+    let regrade = s1.main_pid("regrade.service");
+    s1.signal(libc::SIGSTOP, &dbus);
+    let wrote = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("server1's drop-in for etcd-only", Duration::from_secs(60), || s1.c.dropin().exists().then_some(()))
+    }));
+    s1.signal(libc::SIGKILL, &regrade);
+    s1.signal(libc::SIGCONT, &dbus);
+    wrote.unwrap();
+    s1.calm();
+    assert_eq!(s1.c.record_text(), "control-plane", "k3s was not restarted");
+    // Until systemd restarts regrade (RestartSec=10s), status shows the half-done step.
+    let disagreement = s1.status()["disagreement"].clone();
+    assert!(disagreement.as_str().is_some_and(|d| d.contains("etcd-only")), "status: {disagreement}");
+    settled(&a2, servers, Duration::from_secs(180), "8a").await;
+    assert!(!s1.c.dropin().exists());
+    let restarted = s1.main_pid("regrade.service");
+    assert_ne!(restarted, regrade, "systemd restarted regrade.service");
+    phase("8a. SIGKILL between drop-in and restart: regrade restarted, converged, stepped back to full; Lease free");
+
+    // 8b. regrade SIGKILLed during the readiness wait after the restart.
+    s1.over();
+    s1.wait_level("control-plane", Duration::from_secs(60));
+    let before = s1.standin_pid();
+    let regrade = s1.main_pid("regrade.service");
+    wait_for("server1's k3s restarted into etcd-only", Duration::from_secs(60), || {
+        (s1.standin_pid() != before).then_some(())
+    });
+    // etcd answers 503 for the stand-in's health-delay after a start: regrade is waiting.
+    assert!(!s1.healthy(), "killed too late: etcd already healthy");
+    s1.signal(libc::SIGKILL, &regrade);
+    s1.calm();
+    settled(&a2, servers, Duration::from_secs(240), "8b").await;
+    phase("8b. SIGKILL during the readiness wait: regrade restarted at etcd-only and stepped back to full; Lease free");
+
+    // 8c. server2's API server unreachable (stopped, so connections hang) during
+    //     server1's steps down and back up: server1's calls fail over to server3.
+    let apiserver = s2.host_pids(Some("kube-apiserver"), None);
+    assert_eq!(apiserver.len(), 1, "server2's kube-apiserver: {apiserver:?}");
+    // SAFETY: signals the kube-apiserver of a container this test booted.
+    let stop = |sig| assert_eq!(unsafe { libc::kill(apiserver[0], sig) }, 0);
+    stop(libc::SIGSTOP);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        s1.over();
+        s1.wait_level("etcd-only", Duration::from_secs(180));
+        s1.calm();
+        s1.wait_level("full", Duration::from_secs(240));
+    }));
+    stop(libc::SIGCONT);
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    settled(&a3, servers, Duration::from_secs(120), "8c").await;
+    phase(
+        "8c. server2's API server stopped during server1's steps down to etcd-only and up: both went through server3",
+    );
+
+    // 8d. server1's stand-in told to fail its next start: the step to etcd-only fails,
+    //     regrade puts the drop-in back and restarts k3s at control-plane.
+    let knob = s1.c.etc().join("standin-fail-next-start");
+    std::fs::write(&knob, "").unwrap();
+    s1.over();
+    let last = wait_for("server1's failed step to etcd-only", Duration::from_secs(120), || {
+        let st = s1.status();
+        st["last_step"]["result"].as_str().is_some_and(|r| r.starts_with("failed")).then(|| st["last_step"].clone())
+    });
+    s1.calm();
+    assert!(!knob.exists(), "the stand-in consumed its knob");
+    assert_eq!(last["to"], "etcd-only");
+    assert!(!events(&a2, "server1", "RegradeStepFailed").await.is_empty());
+    settled(&a2, servers, Duration::from_secs(180), "8d").await;
+    assert!(!s1.c.dropin().exists());
+    phase(&format!("8d. failed start of k3s: step failed ({}), restored, back to full", last["result"]));
+}
