@@ -34,9 +34,18 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
-    let result = tokio::select! {
-        r = apply(step, actuator, cluster, levels) => r,
-        lost = cluster.hold() => Err(lost.context("lost the Lease while stepping")),
+    let result = {
+        let applying = apply(step, &mut *actuator, cluster, levels);
+        tokio::pin!(applying);
+        tokio::select! {
+            r = &mut applying => r,
+            lost = cluster.hold() => {
+                // A restart cannot be taken back half-way: cancelling it would leave k3s
+                // and the Node's marks at no level at all. Finish it, and say so loudly.
+                tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
+                applying.await
+            }
+        }
     };
     cluster.release().await;
     match result {
@@ -116,6 +125,8 @@ mod tests {
             Ok(self.level)
         }
         async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+            // Like a real restart, give the Lease renewal a chance to run meanwhile.
+            tokio::task::yield_now().await;
             self.log.push(format!("apply {level}"));
             if self.fail {
                 anyhow::bail!("restart never became healthy; restored {}", self.level);
@@ -128,6 +139,7 @@ mod tests {
     struct FakeCluster<'a> {
         refuse: Option<Refusal>,
         log: &'a Log,
+        lose_lease: bool,
     }
 
     #[async_trait(?Send)]
@@ -147,6 +159,10 @@ mod tests {
             self.refuse.clone().map_or(Ok(()), Err)
         }
         async fn hold(&self) -> anyhow::Error {
+            if self.lose_lease {
+                self.log.push("lease lost");
+                return anyhow::anyhow!("lease taken by server-2");
+            }
             std::future::pending().await
         }
         async fn release(&self) {
@@ -176,7 +192,7 @@ mod tests {
     fn down_marks_before_applying_and_releases_after() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Done));
         assert_eq!(log.take(), ["acquire", "mark etcd-only", "apply etcd-only", "release", "event done"]);
@@ -187,7 +203,7 @@ mod tests {
     fn up_applies_before_marking() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::EtcdOnly, fail: false, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false };
         let out = block_on(run(&UP, &mut a, &c, &LevelsConfig::default()));
         assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
         assert_eq!(log.take(), ["acquire", "apply control-plane", "mark control-plane", "release", "event done"]);
@@ -197,7 +213,7 @@ mod tests {
     fn a_failed_down_step_puts_the_marks_back() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: true, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
         assert_eq!(
@@ -206,12 +222,26 @@ mod tests {
         );
     }
 
+    /// The fake actuator's apply yields once, so a Lease loss is seen mid-apply.
+    #[test]
+    fn losing_the_lease_mid_step_finishes_the_step() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: true };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert!(matches!(out, Outcome::Done), "{out:?}");
+        assert_eq!(a.level, Level::EtcdOnly);
+        let calls = log.take();
+        assert!(calls.contains(&"lease lost".to_string()), "{calls:?}");
+        assert!(calls.contains(&"apply etcd-only".to_string()), "{calls:?}");
+    }
+
     #[test]
     fn a_refused_step_touches_nothing() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let refusal = Refusal { kind: "lease-held", message: "held by server-2".into() };
-        let c = FakeCluster { refuse: Some(refusal.clone()), log: &log };
+        let c = FakeCluster { refuse: Some(refusal.clone()), log: &log, lose_lease: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
         assert_eq!(log.take(), ["acquire"]);
