@@ -55,7 +55,8 @@ pub struct Ticker {
     pub state: State,
     notifier: Notifier,
     published: Published,
-    state_file: PathBuf,
+    /// `None` in a dry run: it must not overwrite the state a real `watch` publishes.
+    state_file: Option<PathBuf>,
     /// Set when a step ran or was refused, so the next publish writes the file.
     dirty: bool,
     wall_origin: SystemTime,
@@ -70,7 +71,7 @@ impl Ticker {
             state: State::new(level),
             notifier: Notifier::from_env(),
             published: Published { pid: std::process::id(), dry_run, ..Default::default() },
-            state_file: cfg.state_file.clone(),
+            state_file: (!dry_run).then(|| cfg.state_file.clone()),
             dirty: true,
             wall_origin: SystemTime::now(),
         }
@@ -158,8 +159,9 @@ impl Ticker {
         let changed = self.published.set_state(&self.state, self.wall_origin);
         if changed || self.dirty {
             self.dirty = false;
-            if let Err(e) = self.published.write(&self.state_file) {
-                tracing::warn!(error = %e, path = %self.state_file.display(), "could not write the state file");
+            let Some(path) = &self.state_file else { return };
+            if let Err(e) = self.published.write(path) {
+                tracing::warn!(error = %e, path = %path.display(), "could not write the state file");
             }
         }
     }
