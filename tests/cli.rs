@@ -165,7 +165,7 @@ fn record_prints_the_csv_simulate_reads() {
 #[test]
 fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
     let f = Fixture::new(OVER_PSI, 1000, "");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_regrade"))
+    let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
         .arg("--config")
         .arg(f.config())
         .args(["watch", "--dry-run"])
