@@ -378,6 +378,46 @@ impl Config {
         Ok(())
     }
 
+    /// For the hooks that start k3s (`record-start`, `entrypoint`), which must never
+    /// fail over regrade's own settings: every section that parses and validates is
+    /// taken (`[systemd]`, `[levels]` are what they use), defaults for the rest, and
+    /// each problem is handed to `warn`.
+    pub fn load_for_hook(path: &Path, explicit: bool, mut warn: impl FnMut(String)) -> Config {
+        let mut cfg = Config::default();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return cfg,
+            Err(e) => {
+                warn(format!("reading {}: {e}; using the built-in settings", path.display()));
+                return cfg;
+            }
+        };
+        let table: toml::Table = match toml::from_str(&text) {
+            Ok(t) => t,
+            Err(e) => {
+                warn(format!("in {}: {}; using the built-in settings", path.display(), e.to_string().trim_end()));
+                return cfg;
+            }
+        };
+        let section = |name: &str| table.get(name).cloned().map(|v| (name.to_string(), v));
+        if let Some((name, v)) = section("systemd") {
+            match v.try_into::<crate::actuator::systemd::SystemdConfig>() {
+                Ok(s) if s.validate().is_ok() => cfg.systemd = s,
+                Ok(s) => {
+                    warn(format!("in {}: {:#}; using the built-in [{name}]", path.display(), s.validate().unwrap_err()))
+                }
+                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
+            }
+        }
+        if let Some((name, v)) = section("levels") {
+            match v.try_into::<LevelsConfig>() {
+                Ok(l) => cfg.levels = l,
+                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
+            }
+        }
+        cfg
+    }
+
     pub fn calm_threshold(&self) -> f64 {
         self.pressure.calm_threshold.unwrap_or(self.pressure.threshold)
     }
