@@ -270,7 +270,7 @@ in {
                   type = nullOr (lib.types.either lib.types.ints.unsigned lib.types.str);
                   default = null;
                   example = "512MiB";
-                  description = "Over also needs MemAvailable below this, calm at or above it. `null`: 512MiB.";
+                  description = "Over also needs MemAvailable below this, calm at or above it. `null`: 512MiB; `\"none\"`: decide on PSI alone.";
                 };
                 sustain = lib.mkOption {
                   type = nullOr lib.types.str;

@@ -120,6 +120,35 @@ impl Serialize for ByteSize {
     }
 }
 
+/// `mem_available_floor`: a size, or `"none"` to decide on PSI alone (TOML has no null).
+fn floor_de<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ByteSize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Floor {
+        None(NoneWord),
+        Size(ByteSize),
+    }
+    #[derive(Deserialize)]
+    enum NoneWord {
+        #[serde(rename = "none")]
+        None,
+    }
+    // Untagged enums hide the inner error, so say what is accepted.
+    match Floor::deserialize(d).map_err(|_| {
+        de::Error::custom("expected a size such as \"512MiB\" or a number of bytes (0 or more), or \"none\"")
+    })? {
+        Floor::None(_) => Ok(None),
+        Floor::Size(b) => Ok(Some(b)),
+    }
+}
+
+fn floor_ser<S: serde::Serializer>(v: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(b) => s.serialize_u64(b.0),
+        None => s.serialize_str("none"),
+    }
+}
+
 /// `[pressure]`: the keys of SPEC §6 (a contract).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -129,7 +158,9 @@ pub struct PressureConfig {
     pub threshold: f64,
     /// Percent below which a sample may be "calm"; defaults to `threshold`.
     pub calm_threshold: Option<f64>,
-    /// "Over" also needs MemAvailable below this, "calm" at or above it. Unset: PSI alone.
+    /// "Over" also needs MemAvailable below this, "calm" at or above it. `"none"`:
+    /// PSI alone decides.
+    #[serde(deserialize_with = "floor_de", serialize_with = "floor_ser")]
     pub mem_available_floor: Option<ByteSize>,
     pub sample_period: HumanDuration,
     pub sustain: HumanDuration,
@@ -228,6 +259,14 @@ impl LevelsConfig {
         }
     }
 
+    fn get_mut(&mut self, level: Level) -> Option<&mut LevelConfig> {
+        match level {
+            Level::Full => None,
+            Level::ControlPlane => Some(&mut self.control_plane),
+            Level::EtcdOnly => Some(&mut self.etcd_only),
+        }
+    }
+
     /// The k3s flags in force at `level` (empty at `full`).
     pub fn k3s_flags(&self, level: Level) -> BTreeMap<String, FlagValue> {
         match (level, self.get(level).and_then(|l| l.k3s.as_ref())) {
@@ -283,17 +322,22 @@ impl Config {
     pub fn load(path: &Path, explicit: bool) -> anyhow::Result<Config> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
-                return Ok(Config::default());
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => String::new(),
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         };
         Self::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Config> {
-        let cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         cfg.validate()?;
+        // Spell out each level's flags, so `check-config` shows what is in force.
+        for level in [Level::ControlPlane, Level::EtcdOnly] {
+            let flags = cfg.levels.k3s_flags(level);
+            if let Some(lc) = cfg.levels.get_mut(level) {
+                lc.k3s = Some(flags);
+            }
+        }
         Ok(cfg)
     }
 
@@ -332,6 +376,46 @@ impl Config {
         #[cfg(feature = "docker")]
         self.docker.validate()?;
         Ok(())
+    }
+
+    /// For the hooks that start k3s (`record-start`, `entrypoint`), which must never
+    /// fail over regrade's own settings: every section that parses and validates is
+    /// taken (`[systemd]`, `[levels]` are what they use), defaults for the rest, and
+    /// each problem is handed to `warn`.
+    pub fn load_for_hook(path: &Path, explicit: bool, mut warn: impl FnMut(String)) -> Config {
+        let mut cfg = Config::default();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return cfg,
+            Err(e) => {
+                warn(format!("reading {}: {e}; using the built-in settings", path.display()));
+                return cfg;
+            }
+        };
+        let table: toml::Table = match toml::from_str(&text) {
+            Ok(t) => t,
+            Err(e) => {
+                warn(format!("in {}: {}; using the built-in settings", path.display(), e.to_string().trim_end()));
+                return cfg;
+            }
+        };
+        let section = |name: &str| table.get(name).cloned().map(|v| (name.to_string(), v));
+        if let Some((name, v)) = section("systemd") {
+            match v.try_into::<crate::actuator::systemd::SystemdConfig>() {
+                Ok(s) if s.validate().is_ok() => cfg.systemd = s,
+                Ok(s) => {
+                    warn(format!("in {}: {:#}; using the built-in [{name}]", path.display(), s.validate().unwrap_err()))
+                }
+                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
+            }
+        }
+        if let Some((name, v)) = section("levels") {
+            match v.try_into::<LevelsConfig>() {
+                Ok(l) => cfg.levels = l,
+                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
+            }
+        }
+        cfg
     }
 
     pub fn calm_threshold(&self) -> f64 {
@@ -421,7 +505,9 @@ mod tests {
         let e = err("[pressure]\nsample_period = \"10s\"\nsustain = \"5s\"\n");
         assert!(e.contains("pressure.sustain") && e.contains("sample_period"), "{e}");
         let e = err("[pressure]\nmem_available_floor = -5\n");
-        assert!(e.contains("mem_available_floor") && e.contains("negative"), "{e}");
+        assert!(e.contains("mem_available_floor") && e.contains("0 or more"), "{e}");
+        let e = err("[pressure]\nmem_available_floor = \"lots\"\n");
+        assert!(e.contains("mem_available_floor") && e.contains("none"), "{e}");
         let e = err("[pressure]\ncooldown = -5\n");
         assert!(e.contains("cooldown") && e.contains("negative"), "{e}");
         let e = err("[pressure]\nthreshold = 20\ncalm_threshold = 30\n");
@@ -446,6 +532,17 @@ mod tests {
         assert_eq!(c.levels.etcd_only.taint_effect, TaintEffect::NoSchedule);
         assert_eq!(c.levels.k3s_flags(Level::EtcdOnly).len(), 3);
         assert!(c.levels.needs_restart(Level::ControlPlane, Level::EtcdOnly));
+    }
+
+    #[test]
+    fn the_floor_can_be_turned_off_and_round_trips() {
+        let c = Config::parse("[pressure]\nmem_available_floor = \"none\"\n").unwrap();
+        assert_eq!(c.pressure.mem_available_floor, None);
+        let again = Config::parse(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(again.pressure.mem_available_floor, None);
+        let c = Config::parse("[pressure]\nmem_available_floor = 1024\n").unwrap();
+        assert_eq!(c.pressure.mem_available_floor, Some(ByteSize(1024)));
+        assert_eq!(Config::parse("").unwrap().pressure.mem_available_floor, Some(ByteSize(512 << 20)));
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub fn init() {
             return;
         }
     }
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    // Colour only on a terminal: piped or captured logs stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(ansi);
     let _ = tracing_subscriber::registry().with(fmt.with_filter(level)).try_init();
 }
 

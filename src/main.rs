@@ -26,6 +26,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // reads only its [levels], leniently.
         return regrade::actuator::entrypoint::run(&cli.config, explicit, command);
     }
+    if let Command::RecordStart = &cli.command {
+        // The hook must record something even when regrade's configuration is broken:
+        // a stale record would misreport the level k3s runs at.
+        let cfg = config::Config::load_for_hook(&cli.config, explicit, |w| eprintln!("regrade record-start: {w}"));
+        return regrade::actuator::systemd::record_start(&cfg);
+    }
     let cfg = config::Config::load(&cli.config, explicit)?;
     match cli.command {
         Command::CheckConfig => {
@@ -38,7 +44,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { json } => status::run(&cfg, json),
         Command::Watch { dry_run } => watch::run(&cfg, dry_run),
         Command::Step { target } => watch::step_by_hand(&cfg, target),
-        Command::RecordStart => regrade::actuator::systemd::record_start(&cfg),
-        Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
+        Command::RecordStart | Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }

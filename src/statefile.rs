@@ -65,20 +65,26 @@ impl Published {
         })
     }
 
+    /// Readable by all (`status` needs no root), whatever the service's umask.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
         }
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
         std::fs::rename(&tmp, path)
     }
 
     /// The published state, if the `watch` that wrote it is still running.
     pub fn read_live(path: &Path) -> Option<Published> {
         let p: Published = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-        // kill(pid, 0) tests that the process exists without signalling it.
-        let alive = p.pid != 0 && unsafe { libc::kill(p.pid as libc::pid_t, 0) } == 0;
+        // kill(pid, 0) tests that the process exists without signalling it; EPERM
+        // means it exists but belongs to someone else (a root `watch`, a user `status`).
+        let alive = p.pid != 0
+            && (unsafe { libc::kill(p.pid as libc::pid_t, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
         alive.then_some(p)
     }
 }

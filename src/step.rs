@@ -31,12 +31,34 @@ impl Outcome {
 }
 
 pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster, levels: &LevelsConfig) -> Outcome {
+    // Read-only first: while a peer is down, a pressured server retries every sample,
+    // and must not write the Lease (take and give back) each time.
+    if let Err(refusal) = cluster.preflight(step).await {
+        return Outcome::Refused(refusal);
+    }
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
-    let result = tokio::select! {
-        r = apply(step, actuator, cluster, levels) => r,
-        lost = cluster.hold() => Err(lost.context("lost the Lease while stepping")),
+    // Down: the marks go first (cordon and taint free memory before any restart). If
+    // they cannot be set, nothing has changed yet: that is a refusal, not a failed step.
+    if step.direction == Direction::Down {
+        if let Err(e) = cluster.mark_node(step.to, levels).await {
+            cluster.release().await;
+            return Outcome::Refused(Refusal { kind: "api-error", message: format!("could not mark the Node: {e:#}") });
+        }
+    }
+    let result = {
+        let applying = apply(step, &mut *actuator, cluster, levels);
+        tokio::pin!(applying);
+        tokio::select! {
+            r = &mut applying => r,
+            lost = cluster.hold() => {
+                // A restart cannot be taken back half-way: cancelling it would leave k3s
+                // and the Node's marks at no level at all. Finish it, and say so loudly.
+                tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
+                applying.await
+            }
+        }
     };
     cluster.release().await;
     match result {
@@ -53,9 +75,9 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
     }
 }
 
-/// Down: mark first (cordon and taint free memory before a restart), then apply.
-/// Up: apply first, then mark, so the Node never claims a level k3s is not at yet.
-/// If applying fails, the marks go back to the level the actuator restored.
+/// Down (marks already set by [`run`]): apply. Up: apply first, then mark, so the Node
+/// never claims a level k3s is not at yet. If applying fails on the way down, the
+/// marks go back to the level the actuator restored.
 async fn apply(
     step: &Step,
     actuator: &mut dyn Actuator,
@@ -64,7 +86,6 @@ async fn apply(
 ) -> anyhow::Result<()> {
     match step.direction {
         Direction::Down => {
-            cluster.mark_node(step.to, levels).await?;
             if let Err(e) = actuator.apply_level(step.to, cluster).await {
                 let back = actuator.current_level().await.unwrap_or(step.from);
                 if let Err(m) = cluster.mark_node(back, levels).await {
@@ -116,6 +137,8 @@ mod tests {
             Ok(self.level)
         }
         async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+            // Like a real restart, give the Lease renewal a chance to run meanwhile.
+            tokio::task::yield_now().await;
             self.log.push(format!("apply {level}"));
             if self.fail {
                 anyhow::bail!("restart never became healthy; restored {}", self.level);
@@ -128,6 +151,8 @@ mod tests {
     struct FakeCluster<'a> {
         refuse: Option<Refusal>,
         log: &'a Log,
+        lose_lease: bool,
+        fail_marks: bool,
     }
 
     #[async_trait(?Send)]
@@ -140,6 +165,7 @@ mod tests {
     #[async_trait(?Send)]
     impl Cluster for FakeCluster<'_> {
         async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
+            self.log.push("preflight");
             self.refuse.clone().map_or(Ok(()), Err)
         }
         async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
@@ -147,6 +173,10 @@ mod tests {
             self.refuse.clone().map_or(Ok(()), Err)
         }
         async fn hold(&self) -> anyhow::Error {
+            if self.lose_lease {
+                self.log.push("lease lost");
+                return anyhow::anyhow!("lease taken by server-2");
+            }
             std::future::pending().await
         }
         async fn release(&self) {
@@ -154,6 +184,9 @@ mod tests {
         }
         async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
             self.log.push(format!("mark {level}"));
+            if self.fail_marks {
+                anyhow::bail!("503 from every endpoint");
+            }
             Ok(())
         }
         async fn record(&self, e: StepEvent<'_>) {
@@ -176,10 +209,10 @@ mod tests {
     fn down_marks_before_applying_and_releases_after() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Done));
-        assert_eq!(log.take(), ["acquire", "mark etcd-only", "apply etcd-only", "release", "event done"]);
+        assert_eq!(log.take(), ["preflight", "acquire", "mark etcd-only", "apply etcd-only", "release", "event done"]);
         assert_eq!(a.level, Level::EtcdOnly);
     }
 
@@ -187,23 +220,59 @@ mod tests {
     fn up_applies_before_marking() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::EtcdOnly, fail: false, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
         let out = block_on(run(&UP, &mut a, &c, &LevelsConfig::default()));
         assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
-        assert_eq!(log.take(), ["acquire", "apply control-plane", "mark control-plane", "release", "event done"]);
+        assert_eq!(
+            log.take(),
+            ["preflight", "acquire", "apply control-plane", "mark control-plane", "release", "event done"]
+        );
     }
 
     #[test]
     fn a_failed_down_step_puts_the_marks_back() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: true, log: &log };
-        let c = FakeCluster { refuse: None, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
-            ["acquire", "mark etcd-only", "apply etcd-only", "mark control-plane", "release", "event failed"]
+            [
+                "preflight",
+                "acquire",
+                "mark etcd-only",
+                "apply etcd-only",
+                "mark control-plane",
+                "release",
+                "event failed"
+            ]
         );
+    }
+
+    /// The fake actuator's apply yields once, so a Lease loss is seen mid-apply.
+    #[test]
+    fn losing_the_lease_mid_step_finishes_the_step() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: true, fail_marks: false };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert!(matches!(out, Outcome::Done), "{out:?}");
+        assert_eq!(a.level, Level::EtcdOnly);
+        let calls = log.take();
+        assert!(calls.contains(&"lease lost".to_string()), "{calls:?}");
+        assert!(calls.contains(&"apply etcd-only".to_string()), "{calls:?}");
+    }
+
+    #[test]
+    fn a_mark_failure_before_anything_changed_is_a_refusal() {
+        let log = Log::default();
+        let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
+        let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: true };
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        assert!(matches!(&out, Outcome::Refused(r) if r.kind == "api-error" && r.message.contains("503")), "{out:?}");
+        assert_eq!(log.take(), ["preflight", "acquire", "mark etcd-only", "release"]);
+        assert_eq!(a.level, Level::ControlPlane, "k3s untouched");
     }
 
     #[test]
@@ -211,10 +280,10 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let refusal = Refusal { kind: "lease-held", message: "held by server-2".into() };
-        let c = FakeCluster { refuse: Some(refusal.clone()), log: &log };
+        let c = FakeCluster { refuse: Some(refusal.clone()), log: &log, lose_lease: false, fail_marks: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
-        assert_eq!(log.take(), ["acquire"]);
+        assert_eq!(log.take(), ["preflight"], "refused read-only: the Lease was never written");
         assert_eq!(a.level, Level::ControlPlane);
     }
 }

@@ -12,7 +12,7 @@ use tokio::time::MissedTickBehavior;
 use crate::backend::{self, Backend};
 use crate::cli::StepTarget;
 use crate::cluster::StepEvent;
-use crate::config::Config;
+use crate::config::{Config, LevelsConfig};
 use crate::decide::{Direction, Settings, State, Step};
 use crate::level::Level;
 use crate::notify::Notifier;
@@ -55,7 +55,10 @@ pub struct Ticker {
     pub state: State,
     notifier: Notifier,
     published: Published,
-    state_file: PathBuf,
+    /// `None` in a dry run: it must not overwrite the state a real `watch` publishes.
+    state_file: Option<PathBuf>,
+    /// Samples that parsed; READY waits for the first.
+    pub good_samples: u64,
     /// Set when a step ran or was refused, so the next publish writes the file.
     dirty: bool,
     wall_origin: SystemTime,
@@ -70,7 +73,8 @@ impl Ticker {
             state: State::new(level),
             notifier: Notifier::from_env(),
             published: Published { pid: std::process::id(), dry_run, ..Default::default() },
-            state_file: cfg.state_file.clone(),
+            state_file: (!dry_run).then(|| cfg.state_file.clone()),
+            good_samples: 0,
             dirty: true,
             wall_origin: SystemTime::now(),
         }
@@ -87,9 +91,15 @@ impl Ticker {
                 return Ok(None);
             }
         };
+        self.good_samples += 1;
         let reading = self.settings.classify(&sample);
         let pressure = sample.metric(self.settings.metric);
         let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+        if proposed.is_none() && self.published.refusal.is_some() {
+            // Nothing is being refused any more (the streak ended or the step ran).
+            self.published.refusal = None;
+            self.dirty = true;
+        }
         self.notifier.status(format_args!(
             "level {}, {} {:.2}%, MemAvailable {} MiB",
             self.state.level,
@@ -153,13 +163,20 @@ impl Ticker {
         false
     }
 
+    /// Makes the next publish write the state file.
+    fn mark_dirty(&mut self) {
+        self.dirty = true;
+        self.publish();
+    }
+
     /// Writes the state file when it changed (never on an unchanged calm sample).
     fn publish(&mut self) {
         let changed = self.published.set_state(&self.state, self.wall_origin);
         if changed || self.dirty {
             self.dirty = false;
-            if let Err(e) = self.published.write(&self.state_file) {
-                tracing::warn!(error = %e, path = %self.state_file.display(), "could not write the state file");
+            let Some(path) = &self.state_file else { return };
+            if let Err(e) = self.published.write(path) {
+                tracing::warn!(error = %e, path = %path.display(), "could not write the state file");
             }
         }
     }
@@ -170,7 +187,16 @@ struct Watcher<'a> {
     backend: Backend,
     ticker: Ticker,
     origin: Instant,
+    dry_run: bool,
+    /// The Node's marks may not match the level (a step failed, or marking did): they
+    /// are put right on the following samples until that succeeds.
+    marks_pending: bool,
+    /// When the actuator's level was last read; a hand step changes it behind the core.
+    level_checked: Instant,
 }
+
+/// How often `watch` re-reads the level, to notice a hand step (`regrade step`).
+const LEVEL_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl<'a> Watcher<'a> {
     async fn new(
@@ -184,10 +210,22 @@ impl<'a> Watcher<'a> {
         }
         backend.actuator.reconcile(backend.cluster.as_ref()).await.context("converging at start")?;
         let levels = backend.actuator.levels().to_vec();
-        let level = backend.actuator.current_level().await.context("reading the current level")?;
+        let mut level = backend.actuator.current_level().await.context("reading the current level")?;
+        let mut marks_pending = false;
+        if !dry_run {
+            (level, marks_pending) = start_level(&backend, &cfg.levels, level).await;
+        }
         tracing::info!(level = %level, dry_run, "regrade watch starting");
         let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
-        Ok(Watcher { cfg, backend, ticker, origin: Instant::now() })
+        Ok(Watcher {
+            cfg,
+            backend,
+            ticker,
+            origin: Instant::now(),
+            dry_run,
+            marks_pending,
+            level_checked: Instant::now(),
+        })
     }
 
     async fn run(mut self) -> anyhow::Result<ExitCode> {
@@ -204,13 +242,24 @@ impl<'a> Watcher<'a> {
             }
             let t = self.origin.elapsed();
             let proposed = self.ticker.tick(t)?;
-            if !ready {
+            if !ready && self.ticker.good_samples > 0 {
                 // READY after the first good sample: the files are there and parse.
                 self.ticker.notifier.ready();
                 ready = true;
             }
+            if !self.dry_run {
+                if proposed.is_some() || self.level_checked.elapsed() >= LEVEL_CHECK_EVERY {
+                    self.follow_hand_steps(t).await;
+                }
+                if self.marks_pending {
+                    self.put_marks_right().await;
+                }
+            }
+            // A hand step just noticed may have made the proposal stale.
+            let proposed = proposed.filter(|s| s.from == self.ticker.state.level);
             if let Some(step) = proposed {
                 let outcome = self.run_step(&step).await;
+                self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
                 if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, &step, &outcome), &outcome) {
                     self.backend.cluster.record(StepEvent::Refused(&step, r)).await;
                 }
@@ -219,6 +268,35 @@ impl<'a> Watcher<'a> {
         self.ticker.notifier.stopping();
         tracing::info!("regrade watch stopping");
         Ok(ExitCode::SUCCESS)
+    }
+
+    /// A hand step (`regrade step`) changes the level behind the core: adopt it as a
+    /// step that ran now, so cooldown and fresh streaks apply from it.
+    async fn follow_hand_steps(&mut self, t: Duration) {
+        self.level_checked = Instant::now();
+        match self.backend.actuator.current_level().await {
+            Ok(level) if level != self.ticker.state.level => {
+                tracing::info!(level = %level, was = %self.ticker.state.level, "the level changed outside watch (a hand step?); following it");
+                self.ticker.state.step_ran(t, level);
+                self.ticker.mark_dirty();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not read the current level"),
+        }
+    }
+
+    /// Retries the Node's marks for the level k3s is at, after a step left them wrong.
+    async fn put_marks_right(&mut self) {
+        let level = self.ticker.state.level;
+        match self.backend.cluster.mark_node(level, &self.cfg.levels).await {
+            Ok(()) => {
+                tracing::info!(level = %level, "the Node's marks match the level again");
+                self.marks_pending = false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), level = %level, "could not put the Node's marks right; retrying next sample")
+            }
+        }
     }
 
     /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
@@ -233,6 +311,33 @@ impl<'a> Watcher<'a> {
                 out = &mut fut => return out,
                 _ = wd.tick() => notifier.watchdog(),
             }
+        }
+    }
+}
+
+/// The level `watch` starts from, and whether the Node's marks need putting right.
+/// After a reboot at `control-plane`, nothing on disk says so (the level has the
+/// flags of `full` and the start record lives in /run): only the Node's label does.
+/// A label naming a lower level with the same k3s flags is adopted; any other
+/// mismatch is corrected to the actuator's level, which is what k3s runs.
+async fn start_level(backend: &Backend, levels: &LevelsConfig, actual: Level) -> (Level, bool) {
+    match backend.cluster.node_level().await {
+        Ok(label) => {
+            let labelled = label.unwrap_or(Level::Full);
+            let below = |a: Level, b: Level| a.index_in(&Level::ALL) > b.index_in(&Level::ALL);
+            if labelled == actual {
+                (actual, false)
+            } else if below(labelled, actual) && !levels.needs_restart(labelled, actual) {
+                tracing::info!(level = %labelled, k3s = %actual, "the Node is labelled with a level k3s runs as; carrying on from it");
+                (labelled, false)
+            } else {
+                tracing::warn!(label = %labelled, level = %actual, "the Node's label does not match how k3s runs; correcting the Node");
+                (actual, true)
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "could not read the Node's level at start; going on from the actuator's");
+            (actual, false)
         }
     }
 }
@@ -298,6 +403,68 @@ fn next_hand_step(current: Level, target: StepTarget, levels: &[Level]) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actuator::dry_run::DryRun;
+    use crate::actuator::NodeReadiness;
+    use crate::cluster::{Cluster, Refusal};
+    use async_trait::async_trait;
+
+    /// A cluster whose Node carries `label`; nothing else is called at start.
+    struct Labelled(anyhow::Result<Option<Level>>);
+
+    #[async_trait(?Send)]
+    impl NodeReadiness for Labelled {
+        async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+            unreachable!()
+        }
+    }
+
+    #[async_trait(?Send)]
+    impl Cluster for Labelled {
+        async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
+            unreachable!()
+        }
+        async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
+            unreachable!()
+        }
+        async fn hold(&self) -> anyhow::Error {
+            unreachable!()
+        }
+        async fn release(&self) {}
+        async fn mark_node(&self, _: Level, _: &LevelsConfig) -> anyhow::Result<()> {
+            unreachable!()
+        }
+        async fn node_level(&self) -> anyhow::Result<Option<Level>> {
+            match &self.0 {
+                Ok(l) => Ok(*l),
+                Err(e) => Err(anyhow::anyhow!("{e}")),
+            }
+        }
+        async fn record(&self, _: StepEvent<'_>) {}
+    }
+
+    fn start(label: anyhow::Result<Option<Level>>, actual: Level) -> (Level, bool) {
+        let backend = Backend { actuator: Box::new(DryRun::new(actual)), cluster: Box::new(Labelled(label)) };
+        runtime().unwrap().block_on(start_level(&backend, &LevelsConfig::default(), actual))
+    }
+
+    #[test]
+    fn after_a_reboot_at_control_plane_the_nodes_label_is_adopted() {
+        // The record says full (a reboot forgot it), the Node says control-plane.
+        assert_eq!(start(Ok(Some(Level::ControlPlane)), Level::Full), (Level::ControlPlane, false));
+        // Agreement, or an unreachable API: the actuator's level, nothing to correct.
+        assert_eq!(start(Ok(None), Level::Full), (Level::Full, false));
+        assert_eq!(start(Ok(Some(Level::EtcdOnly)), Level::EtcdOnly), (Level::EtcdOnly, false));
+        assert_eq!(start(Err(anyhow::anyhow!("503")), Level::Full), (Level::Full, false));
+    }
+
+    #[test]
+    fn a_label_that_cannot_be_true_is_corrected() {
+        // etcd-only needs other flags than k3s runs with at full: the label is stale.
+        assert_eq!(start(Ok(Some(Level::EtcdOnly)), Level::Full), (Level::Full, true));
+        // k3s runs at control-plane (on record) but the label was removed by hand.
+        assert_eq!(start(Ok(None), Level::ControlPlane), (Level::ControlPlane, true));
+        assert_eq!(start(Ok(Some(Level::ControlPlane)), Level::EtcdOnly), (Level::EtcdOnly, true));
+    }
 
     const L: &[Level] = &Level::ALL;
 

@@ -380,7 +380,11 @@ fn health_that_never_comes_puts_the_previous_level_back() {
         let ready = Readiness::default();
         let err = format!("{:#}", act.apply_level(Level::EtcdOnly, &ready).await.unwrap_err());
         assert_eq!(watcher.join().unwrap(), 2, "expected the failed restart and the restoring one");
-        assert!(err.contains("into level etcd-only failed") && err.contains("was not healthy within 6 s"), "{err}");
+        assert!(
+            err.contains("into level etcd-only failed")
+                && err.contains("was not healthy within docker.health_timeout = 6s"),
+            "{err}"
+        );
         assert!(err.contains("restored the previous level control-plane"), "{err}");
         assert!(err.contains(&k3s.level_file().display().to_string()) && err.contains(&k3s.name), "{err}");
         assert!(err.contains("serves at control-plane again"), "{err}");

@@ -46,6 +46,17 @@ fn write_level(h: &Host, level: Level) {
 }
 
 #[test]
+fn a_broken_regrade_config_still_records_with_the_sections_that_parse() {
+    let h = host();
+    write_level(&h, Level::EtcdOnly);
+    let good = std::fs::read_to_string(&h.conf).unwrap();
+    // A misspelt key elsewhere: `watch` would refuse this file, the hook must not.
+    std::fs::write(&h.conf, format!("{good}[pressure]\ntreshold = 20\n")).unwrap();
+    let err = record_start(&h);
+    assert_eq!(recorded(&h.record), "etcd-only", "{err}");
+}
+
+#[test]
 fn records_the_level_the_drop_in_names() {
     let h = host();
     record_start(&h);

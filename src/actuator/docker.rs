@@ -26,7 +26,6 @@
 //! dependencies to a daemon that should stay small.
 
 mod engine;
-mod health;
 mod http;
 
 use std::path::PathBuf;
@@ -38,11 +37,12 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use self::engine::{Container, Engine};
-use self::health::HealthUrl;
 use super::entrypoint::{self, parse_level, read_level_file, write_atomically};
+use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
 use crate::config::{Config, HumanDuration, LevelsConfig};
 use crate::level::Level;
+use crate::units::format_duration;
 
 /// `[docker]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -97,8 +97,7 @@ impl DockerConfig {
         if !self.started_level_file.is_absolute() || self.started_level_file.to_str().is_none() {
             bail!("docker.started_level_file = {:?} must be an absolute path", self.started_level_file);
         }
-        HealthUrl::parse(&self.etcd_health_url)
-            .with_context(|| format!("docker.etcd_health_url = {:?}", self.etcd_health_url))?;
+        HealthUrl::parse("docker.etcd_health_url", &self.etcd_health_url)?;
         if self.health_timeout.0.is_zero() {
             bail!("docker.health_timeout must be more than 0");
         }
@@ -116,8 +115,7 @@ pub struct DockerActuator {
 impl DockerActuator {
     pub fn new(cfg: &Config) -> anyhow::Result<DockerActuator> {
         let d = cfg.docker.clone();
-        let health = HealthUrl::parse(&d.etcd_health_url)
-            .with_context(|| format!("docker.etcd_health_url = {:?}", d.etcd_health_url))?;
+        let health = HealthUrl::parse("docker.etcd_health_url", &d.etcd_health_url)?;
         Ok(DockerActuator { engine: Engine::new(&d.socket), cfg: d, levels: cfg.levels.clone(), health })
     }
 
@@ -180,7 +178,8 @@ impl DockerActuator {
         self.engine.restart(&before.id, self.cfg.stop_timeout.0).await?;
         let deadline = Instant::now() + timeout;
         let after = self.engine.inspect(name).await?;
-        health::wait_healthy(&self.health, deadline, timeout).await?;
+        let budget = format!("docker.health_timeout = {}", format_duration(timeout));
+        self.health.wait(deadline, &budget).await.with_context(|| format!("after restarting container {name}"))?;
         let started = self.started_level(&self.running_container().await?).await?;
         if self.levels.needs_restart(started, expected) {
             bail!(

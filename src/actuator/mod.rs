@@ -11,6 +11,7 @@ use crate::level::Level;
 pub mod docker;
 pub mod dry_run;
 pub mod entrypoint;
+pub mod etcd_health;
 pub mod systemd;
 
 /// Waits for the local Node to be Ready on a heartbeat newer than a restart (SPEC §4).

@@ -13,7 +13,6 @@
 
 mod dbus;
 pub mod dropin;
-mod health;
 pub mod record;
 
 use std::path::PathBuf;
@@ -24,6 +23,7 @@ use anyhow::{anyhow, bail, Context};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
 use crate::config::{Config, HumanDuration, LevelsConfig};
 use crate::level::Level;
@@ -81,7 +81,7 @@ impl SystemdConfig {
         if self.ready_timeout.0.is_zero() {
             bail!("systemd.ready_timeout must be more than 0");
         }
-        health::HealthUrl::parse(&self.etcd_health_url)?;
+        HealthUrl::parse("systemd.etcd_health_url", &self.etcd_health_url)?;
         Ok(())
     }
 }
@@ -89,7 +89,7 @@ impl SystemdConfig {
 pub struct SystemdActuator {
     cfg: SystemdConfig,
     levels: LevelsConfig,
-    health: health::HealthUrl,
+    health: HealthUrl,
 }
 
 impl SystemdActuator {
@@ -97,7 +97,7 @@ impl SystemdActuator {
         Ok(SystemdActuator {
             cfg: cfg.systemd.clone(),
             levels: cfg.levels.clone(),
-            health: health::HealthUrl::parse(&cfg.systemd.etcd_health_url)?,
+            health: HealthUrl::parse("systemd.etcd_health_url", &cfg.systemd.etcd_health_url)?,
         })
     }
 

@@ -154,6 +154,14 @@ pub trait Cluster: NodeReadiness {
     /// exactly what regrade set.
     async fn mark_node(&self, level: Level, levels: &LevelsConfig) -> anyhow::Result<()>;
 
+    /// The level this server's Node is labelled with (`None`: no label, i.e. `full`).
+    /// `watch` compares it with the actuator's level once at start: after a reboot at
+    /// `control-plane` (same flags as `full`, nothing on disk says so) only the Node
+    /// remembers.
+    async fn node_level(&self) -> anyhow::Result<Option<Level>> {
+        Ok(None)
+    }
+
     /// Records a Kubernetes Event on the Node. Failing to record is logged, not fatal.
     async fn record(&self, event: StepEvent<'_>);
 }

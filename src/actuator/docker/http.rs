@@ -1,5 +1,5 @@
 //! One HTTP/1.1 request on a fresh connection (unix socket or TCP), with hyper: all
-//! the Docker actuator needs to talk to the engine and to etcd's health endpoint.
+//! the Docker actuator needs to talk to the engine.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;

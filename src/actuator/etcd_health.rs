@@ -1,5 +1,6 @@
 //! etcd's health endpoint, which k3s serves without TLS (`http://127.0.0.1:2381/health`):
-//! one plain HTTP/1.0 GET over a TCP stream, so no HTTP client crate is needed.
+//! one plain HTTP/1.0 GET over a TCP stream, so no HTTP client crate is needed. Both
+//! actuators wait on it after restarting k3s.
 
 use std::time::Duration;
 
@@ -18,9 +19,10 @@ pub struct HealthUrl {
 }
 
 impl HealthUrl {
-    pub fn parse(url: &str) -> anyhow::Result<HealthUrl> {
+    /// Parses `url`, the value of the config key `key` (named in errors).
+    pub fn parse(key: &str, url: &str) -> anyhow::Result<HealthUrl> {
         let Some(rest) = url.strip_prefix("http://") else {
-            bail!("systemd.etcd_health_url = {url:?} must start with http:// (k3s serves etcd's health without TLS)");
+            bail!("{key} = {url:?} must start with http:// (k3s serves etcd's health without TLS)");
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -28,7 +30,7 @@ impl HealthUrl {
         };
         let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
         if authority.is_empty() || !has_port {
-            bail!("systemd.etcd_health_url = {url:?} must name a host and a port, e.g. http://127.0.0.1:2381/health");
+            bail!("{key} = {url:?} must name a host and a port, e.g. http://127.0.0.1:2381/health");
         }
         Ok(HealthUrl { authority: authority.to_string(), path: path.to_string() })
     }
@@ -58,6 +60,27 @@ impl HealthUrl {
     }
 }
 
+/// How often [`HealthUrl::wait`] asks.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+
+impl HealthUrl {
+    /// Asks until etcd is healthy or `deadline` passes; the error names `budget` (the
+    /// setting that gave the deadline, e.g. `docker.health_timeout = 5m`) and gives the
+    /// last answer.
+    pub async fn wait(&self, deadline: tokio::time::Instant, budget: &str) -> anyhow::Result<()> {
+        loop {
+            let last = match self.check().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if tokio::time::Instant::now() + PROBE_EVERY >= deadline {
+                bail!("etcd at {self} was not healthy within {budget} (last answer: {last:#})");
+            }
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+}
+
 impl std::fmt::Display for HealthUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "http://{}{}", self.authority, self.path)
@@ -71,11 +94,12 @@ mod tests {
 
     #[test]
     fn urls_need_http_a_host_and_a_port() {
-        let u = HealthUrl::parse("http://127.0.0.1:2381/health").unwrap();
+        let k = "systemd.etcd_health_url";
+        let u = HealthUrl::parse(k, "http://127.0.0.1:2381/health").unwrap();
         assert_eq!(u.to_string(), "http://127.0.0.1:2381/health");
-        assert!(format!("{:#}", HealthUrl::parse("https://127.0.0.1:2381/health").unwrap_err())
-            .contains("systemd.etcd_health_url"));
-        assert!(HealthUrl::parse("http://127.0.0.1/health").is_err());
+        assert!(format!("{:#}", HealthUrl::parse(k, "https://127.0.0.1:2381/health").unwrap_err()).contains(k));
+        assert!(HealthUrl::parse(k, "http://127.0.0.1/health").is_err());
+        assert!(HealthUrl::parse(k, "127.0.0.1:2381").is_err());
     }
 
     async fn serve_once(answer: &'static str) -> HealthUrl {
@@ -87,7 +111,7 @@ mod tests {
             let _ = s.read(&mut buf).await;
             s.write_all(answer.as_bytes()).await.unwrap();
         });
-        HealthUrl::parse(&format!("http://{addr}/health")).unwrap()
+        HealthUrl::parse("test", &format!("http://{addr}/health")).unwrap()
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -99,5 +123,8 @@ mod tests {
         assert!(e.contains("503") && e.contains("delay"), "{e}");
         let lying = "HTTP/1.1 200 OK\r\n\r\n{\"health\":\"false\"}";
         assert!(serve_once(lying).await.check().await.is_err());
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let e = format!("{:#}", serve_once(bad).await.wait(deadline, "x.health_timeout = 1s").await.unwrap_err());
+        assert!(e.contains("not healthy within x.health_timeout = 1s") && e.contains("503"), "{e}");
     }
 }

@@ -1,0 +1,196 @@
+//! The `regrade` binary as an operator runs it, on fixture files: no cluster, no root.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const CALM_PSI: &str =
+    "some avg10=0.50 avg60=0.40 avg300=0.30 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+const OVER_PSI: &str =
+    "some avg10=80.00 avg60=60.00 avg300=20.00 total=10\nfull avg10=30.00 avg60=10.00 avg300=1.00 total=0\n";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// Fixture pressure files and a config pointing at them, plus `extra` TOML.
+    fn new(psi: &str, mem_kb: u64, extra: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Fixture { dir };
+        f.write_pressure(psi, mem_kb);
+        let d = f.dir.path();
+        std::fs::write(
+            f.config(),
+            format!(
+                "state_file = {:?}\n{extra}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\nmem_available_floor = \"1GiB\"\n\
+                 sample_period = \"100ms\"\nsustain = \"300ms\"\ncooldown = \"300ms\"\n\
+                 [systemd]\nrecord = {:?}\ndropin = {:?}\n",
+                d.join("state.json"),
+                d.join("psi"),
+                d.join("meminfo"),
+                d.join("started-level"),
+                d.join("config.yaml.d/50-regrade.yaml"),
+            ),
+        )
+        .unwrap();
+        f
+    }
+
+    fn write_pressure(&self, psi: &str, mem_kb: u64) {
+        std::fs::write(self.dir.path().join("psi"), psi).unwrap();
+        std::fs::write(self.dir.path().join("meminfo"), format!("MemTotal: 4000000 kB\nMemAvailable: {mem_kb} kB\n"))
+            .unwrap();
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("regrade.toml")
+    }
+
+    fn regrade(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_regrade"))
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .unwrap()
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn status_json_works_with_no_config_file_at_all() {
+    // The default config path is absent on a fresh machine: built-in defaults apply.
+    if !Path::new("/proc/pressure/memory").exists() || Path::new(regrade::config::DEFAULT_PATH).exists() {
+        eprintln!("SKIPPED: needs /proc/pressure/memory and no {}", regrade::config::DEFAULT_PATH);
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_regrade")).args(["status", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["metric"], "some_avg10");
+    assert!(v["mem_available"].as_u64().unwrap() > 0);
+    assert!(v["level"].is_string());
+}
+
+#[test]
+fn status_reports_the_fixture_values() {
+    let f = Fixture::new(OVER_PSI, 1000, "");
+    let out = f.regrade(&["status", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pressure"], 80.0);
+    assert_eq!(v["psi"]["full_avg60"], 10.0);
+    assert_eq!(v["mem_available"], 1000 * 1024);
+    assert_eq!(v["reading"], "over");
+    assert_eq!(v["level"], "full");
+    assert_eq!(v["watch_running"], false);
+    let plain = text(&f.regrade(&["status"]).stdout);
+    assert!(plain.contains("some_avg10 80.00%") && plain.contains("not running"), "{plain}");
+}
+
+#[test]
+fn a_misspelt_key_is_refused_naming_key_file_and_line() {
+    let f = Fixture::new(CALM_PSI, 4_000_000, "");
+    std::fs::write(f.config(), "[pressure]\nthreshold = 20\ntreshold = 30\n").unwrap();
+    for cmd in [&["check-config"][..], &["status"], &["watch", "--dry-run"]] {
+        let out = f.regrade(cmd);
+        assert!(!out.status.success(), "{cmd:?} accepted a bad config");
+        let e = text(&out.stderr);
+        assert!(e.contains("treshold") && e.contains("line 3") && e.contains("regrade.toml"), "{cmd:?}: {e}");
+    }
+}
+
+#[test]
+fn no_psi_stops_watch_and_status_naming_the_file() {
+    let f = Fixture::new(CALM_PSI, 4_000_000, "");
+    std::fs::remove_file(f.dir.path().join("psi")).unwrap();
+    for cmd in [&["watch", "--dry-run"][..], &["status"]] {
+        let start = Instant::now();
+        let out = f.regrade(cmd);
+        assert!(!out.status.success());
+        assert!(start.elapsed() < Duration::from_secs(10), "{cmd:?} did not stop at once");
+        let e = text(&out.stderr);
+        assert!(e.contains("psi") && e.contains("CONFIG_PSI") && e.contains("psi=0"), "{cmd:?}: {e}");
+    }
+}
+
+#[test]
+fn simulate_prints_one_json_line_per_step() {
+    let f = Fixture::new(CALM_PSI, 4_000_000, "");
+    std::fs::write(
+        f.config(),
+        "[pressure]\nthreshold = 40\nmem_available_floor = \"1GiB\"\nsample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n",
+    )
+    .unwrap();
+    let trace = f.dir.path().join("trace.csv");
+    let mut t = std::fs::File::create(&trace).unwrap();
+    writeln!(t, "t,some_avg10,some_avg60,some_avg300,full_avg10,full_avg60,full_avg300,mem_available_kb").unwrap();
+    for s in (0..=100).step_by(10) {
+        writeln!(t, "{s},90,50,10,20,5,1,100000").unwrap();
+    }
+    drop(t);
+    let out = f.regrade(&["simulate", trace.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"t\":30,\"action\":\"step-down\",\"from\":\"full\",\"to\":\"control-plane\"}\n\
+         {\"t\":90,\"action\":\"step-down\",\"from\":\"control-plane\",\"to\":\"etcd-only\"}\n"
+    );
+    let out = f.regrade(&["simulate", "--level", "etcd-only", trace.to_str().unwrap()]);
+    assert_eq!(text(&out.stdout), "", "no level below etcd-only");
+}
+
+#[test]
+fn record_prints_the_csv_simulate_reads() {
+    let f = Fixture::new(OVER_PSI, 2048, "");
+    let out = f.regrade(&["record", "--count", "2", "--interval", "50ms"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    let lines: Vec<&str> = o.lines().collect();
+    assert_eq!(lines[0], "t,some_avg10,some_avg60,some_avg300,full_avg10,full_avg60,full_avg300,mem_available_kb");
+    assert_eq!(lines.len(), 3);
+    assert!(lines[1].ends_with(",80,60,20,30,10,1,2048"), "{}", lines[1]);
+    // And simulate takes it back.
+    let trace = f.dir.path().join("rec.csv");
+    std::fs::write(&trace, &o).unwrap();
+    assert!(f.regrade(&["simulate", trace.to_str().unwrap()]).status.success());
+}
+
+#[test]
+fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
+    let f = Fixture::new(OVER_PSI, 1000, "");
+    let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .arg("--config")
+        .arg(f.config())
+        .args(["watch", "--dry-run"])
+        .env_remove("NOTIFY_SOCKET")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Over for 300 ms sustained, cooldown 300 ms: two steps down within ~2 s.
+    std::thread::sleep(Duration::from_millis(2000));
+    f.write_pressure(CALM_PSI, 4_000_000);
+    std::thread::sleep(Duration::from_millis(2500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "watch did not stop cleanly on SIGTERM");
+    let log = text(&out.stderr);
+    let order: Vec<&str> = log.lines().filter(|l| l.contains("dry run: would apply level")).collect();
+    assert_eq!(order.len(), 4, "{log}");
+    for (line, (from, to)) in order.iter().zip([
+        ("full", "control-plane"),
+        ("control-plane", "etcd-only"),
+        ("etcd-only", "control-plane"),
+        ("control-plane", "full"),
+    ]) {
+        assert!(line.contains(&format!("from={from}")) && line.contains(&format!("to={to}")), "{line}");
+    }
+    // A dry run leaves the real watch's state file alone.
+    assert!(!f.dir.path().join("state.json").exists());
+}
