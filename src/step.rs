@@ -240,7 +240,7 @@ mod tests {
     fn a_refused_step_touches_nothing() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
-        let refusal = Refusal { kind: "lease-held", message: "held by server-2".into() };
+        let refusal = Refusal { kind: "lease-held", subject: "server-2".into(), message: "held by server-2".into() };
         let c = FakeCluster { refuse: Some(refusal.clone()), log: &log, lose_lease: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
