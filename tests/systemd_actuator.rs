@@ -40,8 +40,14 @@ fn flag(c: &Container, name: &str) -> serde_json::Value {
 /// When k3s.service last entered `inactive`: in a restart, when the old process had
 /// stopped. Read over D-Bus, which gives it in microseconds since the epoch.
 fn inactive_entered(c: &Container) -> SystemTime {
+    // The test's own DBUS_SYSTEM_BUS_ADDRESS (a host path to the container's bus) means
+    // nothing inside the container.
     let out = c.exec(&[
+        "env",
+        "-u",
+        "DBUS_SYSTEM_BUS_ADDRESS",
         "busctl",
+        "--system",
         "get-property",
         "org.freedesktop.systemd1",
         "/org/freedesktop/systemd1/unit/k3s_2eservice",
