@@ -496,6 +496,16 @@ in {
           Restart = "always";
           RestartSec = "5s";
           WatchdogSec = cfg.watchdogSec;
+          # regrade finishes a running step before it honours SIGTERM, so k3s is never
+          # left between levels: a step can take systemd.health_timeout +
+          # systemd.ready_timeout (5 + 5 min by default) and, if it fails, as long again
+          # to restore the previous level. Stopping must not kill it midway.
+          TimeoutStopSec = "30min";
+          # The API servers discovered from default/kubernetes (cluster.endpoints_cache)
+          # are cached here; ProtectSystem = "strict" leaves /var read-only otherwise.
+          # Shared with regrade-credentials, which writes the minted kubeconfig here.
+          StateDirectory = "regrade";
+          StateDirectoryMode = "0700";
 
           # Root, but only to write root's k3s drop-in and talk to systemd on the system
           # bus; every other capability is dropped. CAP_IPC_LOCK: mlockall, so a host that

@@ -36,6 +36,9 @@ pub struct LastStep {
 pub struct PublishedRefusal {
     pub since: f64,
     pub kind: String,
+    /// What the refusal is about (the peer, the Lease holder, the endpoints).
+    #[serde(default)]
+    pub subject: String,
     pub message: String,
 }
 
@@ -67,14 +70,11 @@ impl Published {
 
     /// Readable by all (`status` needs no root), whatever the service's umask.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::DirBuilderExt;
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
         }
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-        std::fs::rename(&tmp, path)
+        crate::fsutil::write_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
     }
 
     /// The published state, if the `watch` that wrote it is still running.

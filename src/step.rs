@@ -44,7 +44,11 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
     if step.direction == Direction::Down {
         if let Err(e) = cluster.mark_node(step.to, levels).await {
             cluster.release().await;
-            return Outcome::Refused(Refusal { kind: "api-error", message: format!("could not mark the Node: {e:#}") });
+            return Outcome::Refused(Refusal {
+                kind: "api-error",
+                subject: "node-marks".into(),
+                message: format!("could not mark the Node: {e:#}"),
+            });
         }
     }
     let result = {
@@ -279,7 +283,7 @@ mod tests {
     fn a_refused_step_touches_nothing() {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
-        let refusal = Refusal { kind: "lease-held", message: "held by server-2".into() };
+        let refusal = Refusal { kind: "lease-held", subject: "server-2".into(), message: "held by server-2".into() };
         let c = FakeCluster { refuse: Some(refusal.clone()), log: &log, lose_lease: false, fail_marks: false };
         let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));

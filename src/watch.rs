@@ -126,13 +126,19 @@ impl Ticker {
         let level = match outcome {
             Outcome::Refused(r) => {
                 // Logged and recorded as an Event only when the reason changes.
-                let changed = self.published.refusal.as_ref().is_none_or(|p| p.message != r.message);
+                // By (kind, subject): the message carries ages that change every sample.
+                let changed =
+                    self.published.refusal.as_ref().is_none_or(|p| p.kind != r.kind || p.subject != r.subject);
                 if !changed {
                     return false;
                 }
                 tracing::warn!(kind = r.kind, reason = %r.message, decision = step.direction.action(), "step refused");
-                self.published.refusal =
-                    Some(PublishedRefusal { since: now, kind: r.kind.to_string(), message: r.message.clone() });
+                self.published.refusal = Some(PublishedRefusal {
+                    since: now,
+                    kind: r.kind.to_string(),
+                    subject: r.subject.clone(),
+                    message: r.message.clone(),
+                });
                 self.dirty = true;
                 self.publish();
                 return true;

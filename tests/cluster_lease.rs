@@ -88,6 +88,7 @@ fn held_refuses_expired_is_taken_over_and_renewal_keeps_it() {
         let r = b.lease.acquire(&b.endpoints).await.unwrap_err();
         assert_eq!(r.kind, "lease-held");
         assert!(r.message.contains("held by server-a/"), "{r}");
+        assert_eq!(r.subject, holder_of(&first), "the holder identifies the reason");
 
         // Release by a non-holder changes nothing.
         b.lease.release(&b.endpoints).await;
@@ -109,6 +110,10 @@ fn held_refuses_expired_is_taken_over_and_renewal_keeps_it() {
         let renewed = get_lease(&h, "basic").await;
         assert!(holder_of(&renewed).starts_with("server-a/"));
         assert!(renewed.spec.as_ref().unwrap().renew_time > first.spec.as_ref().unwrap().renew_time);
+        // The renewal changed the message (its renew time), not the reason.
+        let again = b.lease.acquire(&b.endpoints).await.unwrap_err();
+        assert_ne!(again.message, r.message);
+        assert!(again.same_reason(&r), "{again:?} vs {r:?}");
 
         // a stops renewing (it died): b takes over once the Lease expired, not before.
         let stopped = Instant::now();

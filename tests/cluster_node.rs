@@ -169,3 +169,36 @@ fn readiness_waits_for_a_heartbeat_newer_than_the_restart() {
         println!("timeout error: {e}");
     });
 }
+
+/// `watch` asks once at start which level the Node's label names: after a reboot at
+/// `control-plane` only the Node remembers it.
+#[test]
+fn node_level_reads_the_level_label() {
+    let Some(h) = common::start("node_level_reads_the_level_label") else { return };
+    block_on(async {
+        let admin = h.admin().await;
+        let nodes: Api<Node> = Api::all(admin.clone());
+        common::create_server_node(&admin, &Kubelet::ready("label-1")).await;
+        let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, "label-1", "label")).unwrap();
+        let levels = LevelsConfig::default();
+        assert_eq!(c.node_level().await.unwrap(), None, "no label: full");
+        for level in [Level::ControlPlane, Level::EtcdOnly] {
+            c.mark_node(level, &levels).await.unwrap();
+            assert_eq!(c.node_level().await.unwrap(), Some(level));
+        }
+        c.mark_node(Level::Full, &levels).await.unwrap();
+        assert_eq!(c.node_level().await.unwrap(), None);
+
+        let bogus = json!({"metadata": {"labels": {"regrade.dev/level": "half-way"}}});
+        nodes.patch("label-1", &PatchParams::default(), &Patch::Merge(&bogus)).await.unwrap();
+        let e = format!("{:#}", c.node_level().await.unwrap_err());
+        for part in ["label-1", "regrade.dev/level", "half-way"] {
+            assert!(e.contains(part), "{part} not named in: {e}");
+        }
+
+        // A Node that does not exist is an error that names it, not "no label".
+        let gone = KubeCluster::new(&h.config(&h.admin_kubeconfig, "no-such-node", "label")).unwrap();
+        let e = format!("{:#}", gone.node_level().await.unwrap_err());
+        assert!(e.contains("nodes/no-such-node") && e.contains("404"), "{e}");
+    });
+}

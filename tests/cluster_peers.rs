@@ -47,8 +47,14 @@ fn the_peer_gate_refuses_unfit_peers_and_allows_fresh_ones() {
         let r = c.acquire(&DOWN).await.unwrap_err();
         assert_eq!(r.kind, "peer-not-ready", "{r}");
         assert!(r.message.contains("peers-2") && r.message.contains("node Lease"), "{r}");
+        assert_eq!(r.subject, "peers-2", "the peer identifies the reason");
         assert_eq!(lease_holder().await, "", "a refused step must not keep the Lease");
-        assert_eq!(c.preflight(&DOWN).await.unwrap_err(), r, "status sees the same refusal");
+        assert!(c.preflight(&DOWN).await.unwrap_err().same_reason(&r), "status sees the same refusal");
+        // Older still: another age in the message, the same reason.
+        common::set_node_lease(&admin, "peers-2", Timestamp::now() - SignedDuration::from_secs(90)).await;
+        let older = c.acquire(&DOWN).await.unwrap_err();
+        assert_ne!(older.message, r.message);
+        assert!(older.same_reason(&r), "{older:?} vs {r:?}");
         // A step up that restarts k3s needs every voter Ready too; one that does not, not.
         assert_eq!(c.acquire(&UP_RESTART).await.unwrap_err().kind, "peer-not-ready");
         c.acquire(&UP_NO_RESTART).await.unwrap();
@@ -63,6 +69,7 @@ fn the_peer_gate_refuses_unfit_peers_and_allows_fresh_ones() {
         let r = c.acquire(&DOWN).await.unwrap_err();
         assert_eq!(r.kind, "peer-stepped-down", "{r}");
         assert!(r.message.contains("peers-3") && r.message.contains("regrade.dev/level=control-plane"), "{r}");
+        assert_eq!(r.subject, "peers-3");
         c.acquire(&UP_RESTART).await.unwrap();
         c.release().await;
         nodes.patch("peers-3", &PatchParams::default(), &Patch::Merge(label(json!(null)))).await.unwrap();

@@ -37,6 +37,27 @@ fn flag(c: &Container, name: &str) -> serde_json::Value {
     c.standin_flags()["flags"][name].clone()
 }
 
+/// When k3s.service last entered `inactive`: in a restart, when the old process had
+/// stopped. Read over D-Bus, which gives it in microseconds since the epoch.
+fn inactive_entered(c: &Container) -> SystemTime {
+    // The test's own DBUS_SYSTEM_BUS_ADDRESS (a host path to the container's bus) means
+    // nothing inside the container.
+    let out = c.exec(&[
+        "env",
+        "-u",
+        "DBUS_SYSTEM_BUS_ADDRESS",
+        "busctl",
+        "--system",
+        "get-property",
+        "org.freedesktop.systemd1",
+        "/org/freedesktop/systemd1/unit/k3s_2eservice",
+        "org.freedesktop.systemd1.Unit",
+        "InactiveEnterTimestamp",
+    ]);
+    let us: u64 = out.trim().strip_prefix("t ").and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{out:?}"));
+    SystemTime::UNIX_EPOCH + Duration::from_micros(us)
+}
+
 /// Boots a container and brings its k3s to control-plane (no restart on the way).
 fn at_control_plane(name: &str, health_timeout: &str, extra: &str) -> (Container, SystemdActuator) {
     let c = Container::up(name);
@@ -86,6 +107,13 @@ fn steps_restart_k3s_only_between_etcd_only_and_the_rest() {
     assert_eq!(flag(&c, "disable-apiserver"), serde_json::json!(true), "k3s runs with the drop-in's flags");
     assert_eq!(ready.0.borrow().len(), 1, "the agent runs at etcd-only: readiness was waited for");
     assert!(ready.0.borrow()[0] >= wall0, "readiness counts from the restart");
+    // ... and from after the old k3s stopped: its kubelet heartbeats until then.
+    let stopped = inactive_entered(&c);
+    assert!(
+        ready.0.borrow()[0] >= stopped,
+        "readiness counts from {:?}, before the old k3s stopped at {stopped:?}",
+        ready.0.borrow()[0]
+    );
 
     // Back up: etcd-only -> control-plane restarts once and removes the drop-in ...
     block_on(a.apply_level(Level::ControlPlane, &ready)).unwrap();

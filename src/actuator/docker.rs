@@ -37,10 +37,11 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use self::engine::{Container, Engine};
-use super::entrypoint::{self, parse_level, read_level_file, write_atomically};
+use super::entrypoint::{self, parse_level, read_level_file};
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
 use crate::config::{Config, HumanDuration, LevelsConfig};
+use crate::fsutil;
 use crate::level::Level;
 use crate::units::format_duration;
 
@@ -202,13 +203,8 @@ impl DockerActuator {
     fn restore_file(&self, previous: &Option<Vec<u8>>) -> anyhow::Result<()> {
         let path = &self.cfg.level_file;
         match previous {
-            Some(bytes) => write_atomically(path, bytes),
-            None => match std::fs::remove_file(path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(e).with_context(|| format!("removing {}", path.display()))
-                }
-                _ => Ok(()),
-            },
+            Some(bytes) => write_level_file(path, bytes),
+            None => fsutil::remove_durable(path).with_context(|| format!("removing level file {}", path.display())),
         }
     }
 }
@@ -233,7 +229,7 @@ impl Actuator for DockerActuator {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).with_context(|| format!("reading level file {}", path.display())),
         };
-        write_atomically(&path, format!("{level}\n").as_bytes())?;
+        write_level_file(&path, format!("{level}\n").as_bytes())?;
         if !self.levels.needs_restart(started, level) {
             tracing::info!(container = %name, level = %level, "level file written; k3s's flags are unchanged, no restart");
             return Ok(());
@@ -285,10 +281,16 @@ impl Actuator for DockerActuator {
             return Ok(());
         }
         let level = self.current_level().await?;
-        write_atomically(&self.cfg.level_file, format!("{level}\n").as_bytes())?;
+        write_level_file(&self.cfg.level_file, format!("{level}\n").as_bytes())?;
         tracing::info!(level = %level, file = %self.cfg.level_file.display(), "level file set to the level k3s runs at");
         Ok(())
     }
+}
+
+/// Replaces the level file whole (see [`crate::fsutil`]); the entrypoint reads it at
+/// every start of the container.
+fn write_level_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    fsutil::write_atomic(path, bytes, 0o644).with_context(|| format!("writing level file {}", path.display()))
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,6 +28,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 
 use crate::config::{FlagValue, LevelsConfig};
+use crate::fsutil;
 use crate::level::Level;
 
 pub const LEVEL_FILE_ENV: &str = "REGRADE_LEVEL_FILE";
@@ -52,7 +52,7 @@ pub fn run(config: &Path, explicit: bool, command: &[OsString]) -> anyhow::Resul
             (Level::Full, LevelsConfig::default())
         }
     };
-    if let Err(e) = write_atomically(&record, format!("{level}\n").as_bytes()) {
+    if let Err(e) = fsutil::write_atomic(&record, format!("{level}\n").as_bytes(), 0o644) {
         // No record must mean `full` (what the actuator reads), so start at `full`.
         say(&format!("recording the started level in {}: {e:#}; starting k3s at full", record.display()));
         let _ = std::fs::remove_file(&record);
@@ -126,29 +126,6 @@ pub fn parse_level(bytes: &[u8]) -> anyhow::Result<Level> {
     text.trim().parse::<Level>().map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// Writes `path` so that a reader sees the old or the new content, never a part, and
-/// the new content survives a crash once this returns.
-pub fn write_atomically(path: &Path, content: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let name = path.file_name().with_context(|| format!("{} names no file", path.display()))?;
-    let mut tmp_name = OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(content)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
-}
-
 /// A level's flags as k3s command-line arguments: `--name` for `true`, `--name=value`
 /// otherwise, a list as the flag repeated (k3s's list flags accumulate).
 pub fn flag_args(flags: &BTreeMap<String, FlagValue>) -> Vec<String> {
@@ -195,7 +172,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("level");
         assert_eq!(read_level_file(&p).unwrap(), None);
-        write_atomically(&p, b"etcd-only\n").unwrap();
+        fsutil::write_atomic(&p, b"etcd-only\n", 0o644).unwrap();
         assert_eq!(read_level_file(&p).unwrap(), Some(Level::EtcdOnly));
         std::fs::write(&p, b"etcd-onl\xff").unwrap();
         let e = format!("{:#}", read_level_file(&p).unwrap_err());

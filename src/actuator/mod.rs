@@ -22,16 +22,6 @@ pub trait NodeReadiness {
     async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()>;
 }
 
-/// Readiness that is never waited for: the dry run, and levels without an agent.
-pub struct NoReadinessWait;
-
-#[async_trait(?Send)]
-impl NodeReadiness for NoReadinessWait {
-    async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
-
 #[async_trait(?Send)]
 pub trait Actuator {
     /// The levels this actuator supports, highest (`full`) first.

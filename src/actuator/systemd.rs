@@ -118,23 +118,27 @@ impl SystemdActuator {
         let timeout = self.cfg.health_timeout.0;
         let systemd = dbus::Systemd::connect(unit).await?;
         let before = systemd.state().await?;
-        let since = SystemTime::now();
         let deadline = Instant::now() + timeout;
         systemd.restart().await?;
         tracing::info!(unit = %unit, level = %level, "restarted k3s; waiting for a new process and etcd's health");
-        let mut started: Option<Vec<u8>> = None;
+        // The new run's InvocationID and when it was first seen. The readiness wait
+        // counts from then, not from RestartUnit: the old kubelet renews its node Lease
+        // while k3s stops (and Ready stays True for ~40 s), so a heartbeat newer than
+        // RestartUnit can be the old process's. The new InvocationID appears only once
+        // the old process is gone.
+        let mut started: Option<(Vec<u8>, SystemTime)> = None;
         let mut last_answer = String::from("none yet");
-        loop {
+        let since = loop {
             let state = systemd.state().await?;
             if started.is_none() && !state.invocation.is_empty() && state.invocation != before.invocation {
-                started = Some(state.invocation.clone());
+                started = Some((state.invocation.clone(), SystemTime::now()));
             }
-            if let Some(invocation) = &started {
+            if let Some((invocation, since)) = &started {
                 if state.start_failed() || state.invocation != *invocation {
                     bail!("{unit} failed to start at level {level} ({state}, Result={})", systemd.result().await);
                 }
                 match self.health.check().await {
-                    Ok(()) => break,
+                    Ok(()) => break *since,
                     Err(e) => last_answer = format!("{e:#}"),
                 }
             }
@@ -153,7 +157,7 @@ impl SystemdActuator {
                 }
             }
             tokio::time::sleep(POLL).await;
-        }
+        };
         tracing::info!(unit = %unit, level = %level, url = %self.health, "etcd is healthy after the restart");
         self.settle_record(level)?;
         if self.levels.runs_agent(level) {

@@ -36,14 +36,27 @@ impl CallError {
             _ => None,
         }
     }
-    pub fn is_not_found(&self) -> bool {
-        self.code() == Some(404)
-    }
     pub fn is_conflict(&self) -> bool {
         self.code() == Some(409)
     }
     pub fn is_unreachable(&self) -> bool {
         matches!(self, CallError::Unreachable { .. })
+    }
+
+    /// What failed, without what changes from one attempt to the next (the order the
+    /// endpoints were tried in, how long one took): the endpoints that did not
+    /// answer, in name order; the request, endpoint and status code; the request.
+    pub fn subject(&self) -> String {
+        match self {
+            CallError::Unreachable { tried, .. } => {
+                let mut eps: Vec<&str> = tried.iter().map(|(ep, _)| ep.as_str()).collect();
+                eps.sort_unstable();
+                eps.dedup();
+                eps.join(" ")
+            }
+            CallError::Status { what, endpoint, status } => format!("{what} at {endpoint}: {}", status.code),
+            CallError::Other { what, .. } => what.clone(),
+        }
     }
 }
 
@@ -218,12 +231,14 @@ impl Endpoints {
         }
     }
 
-    /// Once per process, while the kubeconfig's own server answers and no endpoints
-    /// are configured: learn the API servers from the `default/kubernetes`
-    /// EndpointSlice, add them to the list and cache them.
+    /// While the kubeconfig's own server answers and no endpoints are configured:
+    /// learn the API servers from the `default/kubernetes` EndpointSlice, add them to
+    /// the list and cache them. Done once per process, but only once it found some:
+    /// a failed read, or a slice not (yet) there or empty (the API server just
+    /// started), is tried again after the next call the local server answers.
     async fn maybe_discover(&self, answered: usize, client: &kube::Client) {
         let is_local = self.loaded.borrow().as_ref().is_some_and(|l| l.endpoints[answered].url == l.local);
-        if !is_local || !self.settings.api_servers.is_empty() || self.discovered.replace(true) {
+        if !is_local || !self.settings.api_servers.is_empty() || self.discovered.get() {
             return;
         }
         let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
@@ -231,7 +246,7 @@ impl Endpoints {
             Ok(Ok(Some(s))) => s,
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {
-                tracing::warn!(error = %error_chain(&e), "could not read the default/kubernetes EndpointSlice to learn the other API servers");
+                tracing::warn!(error = %error_chain(&e), "could not read the default/kubernetes EndpointSlice to learn the other API servers; will try again");
                 return;
             }
             Err(_) => return,
@@ -240,6 +255,7 @@ impl Endpoints {
         if found.is_empty() {
             return;
         }
+        self.discovered.set(true);
         if let Some(l) = self.loaded.borrow_mut().as_mut() {
             for url in &found {
                 if !l.endpoints.iter().any(|e| &e.url == url) {
@@ -248,7 +264,7 @@ impl Endpoints {
             }
         }
         if let Some(path) = &self.settings.cache {
-            if let Err(e) = write_atomically(path, &(found.join("\n") + "\n")) {
+            if let Err(e) = crate::fsutil::write_atomic(path, (found.join("\n") + "\n").as_bytes(), 0o644) {
                 tracing::warn!(path = %path.display(), error = %e, "could not cache the API endpoints");
             }
         }
@@ -272,15 +288,6 @@ pub fn urls_of(slice: &EndpointSlice) -> Vec<String> {
         .flat_map(|e| e.addresses.iter())
         .map(|a| if v6 { format!("https://[{a}]:{port}") } else { format!("https://{a}:{port}") })
         .collect()
-}
-
-fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// An error and its causes on one line ("connection refused" sits deep in the chain).
@@ -338,5 +345,18 @@ mod tests {
         };
         let s = e.to_string();
         assert!(s.contains("https://a:6443: 503 apiserver disabled") && s.contains("https://b:6443: refused"), "{s}");
+    }
+
+    #[test]
+    fn the_subject_of_unreachable_ignores_order_and_timings() {
+        let e = |tried: &[(&str, &str)]| CallError::Unreachable {
+            what: "list nodes".into(),
+            tried: tried.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+        };
+        let one = e(&[("https://b:6443", "refused"), ("https://a:6443", "no answer within 10s")]);
+        let two = e(&[("https://a:6443", "503 apiserver disabled"), ("https://b:6443", "refused")]);
+        assert_ne!(one.to_string(), two.to_string());
+        assert_eq!(one.subject(), "https://a:6443 https://b:6443");
+        assert_eq!(one.subject(), two.subject());
     }
 }

@@ -106,6 +106,7 @@ impl LeaseLock {
         let secs = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
         Refusal {
             kind: "lease-held",
+            subject: holder.to_string(),
             message: format!(
                 "Lease {}/{} is held by {holder} (renewed {renewed}, for {secs}s)",
                 self.namespace, self.name
@@ -126,8 +127,10 @@ impl LeaseLock {
     pub async fn acquire(&self, eps: &Endpoints) -> Result<(), Refusal> {
         let seen = self.classify(self.get(eps).await.map_err(unreachable)?);
         let now = MicroTime(Timestamp::now());
+        // Who won is not known here; the next look at the Lease names them.
         let lost = || Refusal {
             kind: "lease-held",
+            subject: format!("{}/{}", self.namespace, self.name),
             message: format!("another server took Lease {}/{} at the same moment", self.namespace, self.name),
         };
         let written = match seen {
@@ -281,5 +284,9 @@ pub fn holder_of(l: &Lease) -> String {
 
 /// A call that failed before the Lease could be judged refuses the step.
 pub fn unreachable(e: CallError) -> Refusal {
-    Refusal { kind: if e.is_unreachable() { "api-unreachable" } else { "api-error" }, message: e.to_string() }
+    Refusal {
+        kind: if e.is_unreachable() { "api-unreachable" } else { "api-error" },
+        subject: e.subject(),
+        message: e.to_string(),
+    }
 }

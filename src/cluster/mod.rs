@@ -111,13 +111,28 @@ impl ClusterConfig {
 }
 
 /// Why a step may not run now. A refused step changes no state (SPEC §3).
+///
+/// `(kind, subject)` identifies the reason: it stays the same from sample to sample
+/// while the reason does, so a change of it is what gets an Event. `message` is for
+/// reading and may change every sample (it carries ages and renew times).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// A short machine-readable cause: `lease-held`, `peer-not-ready`,
-    /// `peer-stepped-down`, `api-unreachable`, ...
+    /// `peer-stepped-down`, `api-unreachable`, `api-error`.
     pub kind: &'static str,
+    /// What the refusal is about, without volatile numbers: the peer's Node name,
+    /// the Lease holder's identity, the endpoints that did not answer, the request
+    /// and status that failed.
+    pub subject: String,
     /// What an operator reads: names the holder, the peer, the endpoint.
     pub message: String,
+}
+
+impl Refusal {
+    /// Whether `other` is the same reason (see the type's documentation).
+    pub fn same_reason(&self, other: &Refusal) -> bool {
+        self.kind == other.kind && self.subject == other.subject
+    }
 }
 
 impl std::fmt::Display for Refusal {
@@ -231,10 +246,6 @@ impl KubeCluster {
         Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: cfg.levels.clone() })
     }
 
-    pub fn node_name(&self) -> &str {
-        &self.node_name
-    }
-
     fn marks(&self) -> NodeMarks<'_> {
         NodeMarks {
             node_name: &self.node_name,
@@ -306,6 +317,19 @@ impl Cluster for KubeCluster {
 
     async fn mark_node(&self, level: Level, levels: &LevelsConfig) -> anyhow::Result<()> {
         self.marks().apply(&self.endpoints, level, levels).await
+    }
+
+    async fn node_level(&self) -> anyhow::Result<Option<Level>> {
+        let node = self.marks().get(&self.endpoints).await?;
+        let label = &self.cfg.level_label;
+        let Some(value) = node.metadata.labels.as_ref().and_then(|l| l.get(label)) else { return Ok(None) };
+        value.parse::<Level>().map(Some).map_err(|_| {
+            anyhow::anyhow!(
+                "Node {}'s label {label}={value:?} names no level (expected control-plane or etcd-only; \
+                 cluster.level_label)",
+                self.node_name
+            )
+        })
     }
 
     async fn record(&self, event: StepEvent<'_>) {

@@ -75,11 +75,14 @@ impl PeerGate<'_> {
             if let Some(level) = peer.metadata.labels.as_ref().and_then(|l| l.get(self.level_label)) {
                 return Some(Refusal {
                     kind: "peer-stepped-down",
+                    subject: name.to_string(),
                     message: format!("peer {name} is stepped down ({}={level})", self.level_label),
                 });
             }
         }
-        let not_ready = |why: String| Some(Refusal { kind: "peer-not-ready", message: format!("peer {name} {why}") });
+        let not_ready = |why: String| {
+            Some(Refusal { kind: "peer-not-ready", subject: name.to_string(), message: format!("peer {name} {why}") })
+        };
         let conditions = peer.status.as_ref().and_then(|s| s.conditions.as_ref());
         let condition = |t: &str| conditions.and_then(|cs| cs.iter().find(|c| c.type_ == t));
         if let Some(c) = condition("EtcdIsVoter") {
@@ -108,6 +111,7 @@ impl PeerGate<'_> {
                 let age = Duration::try_from(now.duration_since(*t)).unwrap_or_default();
                 (age > self.heartbeat_timeout).then(|| Refusal {
                     kind: "peer-not-ready",
+                    subject: name.to_string(),
                     message: format!(
                         "peer {name}'s node Lease was last renewed {}s ago (stale after {}s)",
                         age.as_secs(),

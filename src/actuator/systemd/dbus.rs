@@ -2,12 +2,15 @@
 //! and watch its ActiveState and InvocationID. The bus address comes from
 //! `DBUS_SYSTEM_BUS_ADDRESS` when set (tests reach a container's bus this way).
 
+use std::collections::HashMap;
+
 use anyhow::Context;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 
 const SYSTEMD: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+const UNIT: &str = "org.freedesktop.systemd1.Unit";
 
 /// What a unit is doing now, read fresh (never from a property cache).
 #[derive(Debug, Clone, PartialEq)]
@@ -83,14 +86,33 @@ impl Systemd {
             .with_context(|| format!("systemd LoadUnit({})", self.unit))
     }
 
+    /// ActiveState, SubState and InvocationID from one `Properties.GetAll`: systemd
+    /// answers it from one moment of its state, where three `Get`s could straddle the
+    /// stop→start gap of a restart job and mix them (inactive with the new run's
+    /// InvocationID, which reads as a start that failed).
     pub async fn state(&self) -> anyhow::Result<UnitState> {
         let path = self.unit_path().await?;
-        let unit = "org.freedesktop.systemd1.Unit";
+        let reply = self
+            .conn
+            .call_method(Some(SYSTEMD), path.as_str(), Some("org.freedesktop.DBus.Properties"), "GetAll", &(UNIT,))
+            .await
+            .with_context(|| format!("reading {}'s properties", self.unit))?;
+        let mut all: HashMap<String, OwnedVariant> =
+            reply.body().deserialize().with_context(|| format!("reading {}'s properties", self.unit))?;
         Ok(UnitState {
-            active: self.property(&path, unit, "ActiveState").await?,
-            sub: self.property(&path, unit, "SubState").await?,
-            invocation: self.property(&path, unit, "InvocationID").await?,
+            active: self.take(&mut all, "ActiveState")?,
+            sub: self.take(&mut all, "SubState")?,
+            invocation: self.take(&mut all, "InvocationID")?,
         })
+    }
+
+    fn take<T>(&self, all: &mut HashMap<String, OwnedVariant>, name: &str) -> anyhow::Result<T>
+    where
+        T: TryFrom<OwnedVariant>,
+        T::Error: Into<zbus::Error>,
+    {
+        let value = all.remove(name).with_context(|| format!("{}'s properties lack {name}", self.unit))?;
+        T::try_from(value).map_err(|e| anyhow::anyhow!("{}'s {name}: {}", self.unit, e.into()))
     }
 
     /// The service's `Result` (e.g. "exit-code"), for an error message.

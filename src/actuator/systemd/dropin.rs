@@ -3,17 +3,21 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use anyhow::Context;
 
 use crate::config::{FlagValue, LevelsConfig};
+use crate::fsutil;
 use crate::level::Level;
 
 /// The comment line that names the level a drop-in was written for. k3s ignores
 /// comments; `record-start` and the start-up check read it back.
 const LEVEL_MARK: &str = "# regrade-level: ";
+
+/// k3s's flags are no secret; an operator reads the file to see what regrade did.
+const DROPIN_MODE: u32 = 0o644;
 
 /// What regrade's drop-in path holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,36 +115,13 @@ pub fn snapshot(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
 }
 
 /// Makes `path` hold `content` (or not exist, for `None`), so that k3s sees either
-/// the old file or the new one whole, even across a crash: a temporary file in the
-/// same directory, fsync, rename over, fsync the directory.
+/// the old file or the new one whole, even across a crash (see [`crate::fsutil`]).
 pub fn put(path: &Path, content: Option<&[u8]>) -> anyhow::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     match content {
-        Some(bytes) => {
-            fs::create_dir_all(dir).with_context(|| format!("creating the drop-in directory {}", dir.display()))?;
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            // k3s reads only *.yaml, so the temporary name must not end in .yaml.
-            let tmp = dir.join(format!(".{name}.regrade-tmp"));
-            let write = || -> io::Result<()> {
-                let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-                f.write_all(bytes)?;
-                f.sync_all()?;
-                fs::rename(&tmp, path)
-            };
-            if let Err(e) = write() {
-                let _ = fs::remove_file(&tmp);
-                return Err(e).with_context(|| format!("writing the k3s drop-in {}", path.display()));
-            }
-        }
-        None => match fs::remove_file(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).with_context(|| format!("removing the k3s drop-in {}", path.display())),
-        },
+        Some(bytes) => fsutil::write_atomic(path, bytes, DROPIN_MODE)
+            .with_context(|| format!("writing the k3s drop-in {}", path.display())),
+        None => fsutil::remove_durable(path).with_context(|| format!("removing the k3s drop-in {}", path.display())),
     }
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing the drop-in directory {}", dir.display()))
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 //! restart, runs at now), under `/run` so a reboot forgets it while the drop-in stays.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use anyhow::Context;
 
+use crate::fsutil;
 use crate::level::Level;
 
 /// The recorded level; `None` when there is no record (k3s not started through the
@@ -19,18 +20,11 @@ pub fn read(path: &Path) -> anyhow::Result<Option<Level>> {
     }
 }
 
-/// Replaces the record whole (temporary file and rename), creating its directory.
+/// Replaces the record whole (see [`crate::fsutil`]), creating its directory. World
+/// readable: `regrade status` run by an operator reads it.
 pub fn write(path: &Path, level: Level) -> anyhow::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
-    let write = || -> io::Result<()> {
-        fs::create_dir_all(dir)?;
-        let mut f = fs::File::create(&tmp)?;
-        writeln!(f, "{level}")?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().with_context(|| format!("writing the level record {}", path.display()))
+    fsutil::write_atomic(path, format!("{level}\n").as_bytes(), 0o644)
+        .with_context(|| format!("writing the level record {}", path.display()))
 }
 
 #[cfg(test)]

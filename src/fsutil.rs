@@ -1,0 +1,138 @@
+//! Replacing and removing small files so that a reader (k3s, the entrypoint, `status`,
+//! a restarted regrade) sees either the old file or the new one whole, even across a
+//! crash or power loss: write a temporary file in the same directory, fsync it,
+//! rename it over the target, fsync the directory (the rename itself is only durable
+//! once the directory is).
+
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Makes `path` hold exactly `bytes`, with permission bits `mode` (set explicitly, so
+/// the process's umask does not change them), creating its directory if missing.
+/// On failure the old file is untouched and no temporary file is left behind.
+///
+/// The temporary name starts with a dot and ends in `.tmp`, so directory readers that
+/// pick files by suffix (k3s reads `config.yaml.d/*.yaml`) never take it, and carries
+/// the process id and a counter, so two writers of one path never share it.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let dir = parent(path);
+    fs::create_dir_all(dir)?;
+    let (tmp, mut f) = create_temp(dir, path)?;
+    let written = (|| {
+        f.set_permissions(Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir)
+}
+
+/// Removes `path` durably (the directory is fsynced after). A missing file is not an
+/// error: the outcome, no file, is the one asked for.
+pub fn remove_durable(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(parent(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn parent(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A new file beside `path` that no one else has open: `O_EXCL` on a name unique to
+/// this process and call; a leftover of a crashed writer with the same pid is skipped.
+fn create_temp(dir: &Path, path: &Path) -> io::Result<(PathBuf, File)> {
+    let name = path.file_name().ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{}.{}-{n}.tmp", name.to_string_lossy(), std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn replaces_whole_with_the_mode_asked_for_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/dir/file.yaml");
+        write_atomic(&p, b"one\n", 0o644).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"one\n");
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o644);
+        write_atomic(&p, b"two\n", 0o600).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two\n");
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o600);
+        assert_eq!(names(p.parent().unwrap()), ["file.yaml"], "no temporary file is left behind");
+    }
+
+    #[test]
+    fn a_leftover_temporary_file_is_neither_reused_nor_clobbered() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        // Crashed writers' temporary files on every name the next calls could pick
+        // (other tests running meanwhile take far fewer than 200 of them).
+        let base = COUNTER.load(Ordering::Relaxed);
+        let stale: Vec<_> =
+            (base..base + 200).map(|n| dir.path().join(format!(".f.{}-{n}.tmp", std::process::id()))).collect();
+        for s in &stale {
+            fs::write(s, b"stale").unwrap();
+        }
+        for _ in 0..3 {
+            write_atomic(&p, b"new", 0o644).unwrap();
+        }
+        assert_eq!(fs::read(&p).unwrap(), b"new");
+        assert!(stale.iter().all(|s| fs::read(s).unwrap() == b"stale"));
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        write_atomic(&p, b"old", 0o644).unwrap();
+        // A directory where the file should go: the rename fails.
+        let d = dir.path().join("d");
+        fs::create_dir_all(d.join("x")).unwrap();
+        assert!(write_atomic(&d, b"new", 0o644).is_err());
+        assert_eq!(fs::read(&p).unwrap(), b"old");
+        assert_eq!(names(dir.path()), ["d", "f"]);
+    }
+
+    #[test]
+    fn remove_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        write_atomic(&p, b"x", 0o644).unwrap();
+        remove_durable(&p).unwrap();
+        assert!(!p.exists());
+        remove_durable(&p).unwrap();
+        assert!(remove_durable(dir.path()).is_err(), "a directory is not removed as a file");
+    }
+}
