@@ -220,6 +220,7 @@ impl<'a> Watcher<'a> {
         let mut marks_pending = false;
         if !dry_run {
             (level, marks_pending) = start_level(&backend, &cfg.levels, level).await;
+            backend.cluster.disconnect();
         }
         tracing::info!(level = %level, dry_run, "regrade watch starting");
         let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
@@ -266,6 +267,9 @@ impl<'a> Watcher<'a> {
             if let Some(step) = proposed {
                 let outcome = self.run_step(&step).await;
                 self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
+                if !self.marks_pending {
+                    self.backend.cluster.disconnect();
+                }
                 if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, &step, &outcome), &outcome) {
                     self.backend.cluster.record(StepEvent::Refused(&step, r)).await;
                 }

@@ -170,6 +170,16 @@ impl Endpoints {
         self.loaded.borrow().as_ref().map(|l| l.endpoints[i].url.clone()).unwrap_or_default()
     }
 
+    /// Drops every client and so its pooled connections: a calm `watch` holds no
+    /// connection to any API server between steps.
+    pub fn disconnect(&self) {
+        if let Some(loaded) = self.loaded.borrow_mut().as_mut() {
+            for ep in &mut loaded.endpoints {
+                ep.client = None;
+            }
+        }
+    }
+
     /// The client for endpoint `i`, built on first use.
     fn client(&self, i: usize) -> Result<(String, kube::Client), String> {
         let mut guard = self.loaded.borrow_mut();

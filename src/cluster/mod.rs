@@ -177,6 +177,9 @@ pub trait Cluster: NodeReadiness {
         Ok(None)
     }
 
+    /// Closes any connection kept open for later calls (none are needed while calm).
+    fn disconnect(&self) {}
+
     /// Records a Kubernetes Event on the Node. Failing to record is logged, not fatal.
     async fn record(&self, event: StepEvent<'_>);
 }
@@ -291,6 +294,10 @@ impl NodeReadiness for KubeCluster {
 
 #[async_trait(?Send)]
 impl Cluster for KubeCluster {
+    fn disconnect(&self) {
+        self.endpoints.disconnect();
+    }
+
     async fn preflight(&self, step: &Step) -> Result<(), Refusal> {
         self.lease.check(&self.endpoints).await?;
         self.check_peers(step).await
