@@ -12,16 +12,17 @@
 //! started with. The tests run one at a time: one of them restarts dockerd.
 #![cfg(feature = "docker")]
 
-use std::cell::RefCell;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use async_trait::async_trait;
+mod common;
+
+use common::Readiness;
 use regrade::actuator::docker::DockerActuator;
-use regrade::actuator::{Actuator, NodeReadiness};
+use regrade::actuator::Actuator;
 use regrade::config::Config;
 use regrade::level::Level;
 
@@ -211,19 +212,6 @@ impl Drop for K3s {
         let _ = Command::new(DOCKER)
             .args(["-H", &format!("unix://{}", self.rig.socket.display()), "rm", "-f", &self.name])
             .output();
-    }
-}
-
-/// Records the readiness waits asked for; the Node's readiness is the cluster's
-/// (tested against a real API server elsewhere), there is no Node here.
-#[derive(Default)]
-struct Readiness(RefCell<Vec<SystemTime>>);
-
-#[async_trait(?Send)]
-impl NodeReadiness for Readiness {
-    async fn wait_ready_since(&self, since: SystemTime, _timeout: Duration) -> anyhow::Result<()> {
-        self.0.borrow_mut().push(since);
-        Ok(())
     }
 }
 

@@ -7,27 +7,13 @@
 
 mod common;
 
-use std::cell::RefCell;
 use std::time::{Duration, Instant, SystemTime};
 
-use async_trait::async_trait;
 use common::nspawn::{enabled, Container};
+use common::Readiness;
 use regrade::actuator::systemd::{dropin, SystemdActuator};
-use regrade::actuator::{Actuator, NodeReadiness};
+use regrade::actuator::Actuator;
 use regrade::level::Level;
-
-/// Stands in for the cluster's readiness wait (its own tests run against a real API
-/// server): records the restart time each wait was asked for.
-#[derive(Default)]
-struct Readiness(RefCell<Vec<SystemTime>>);
-
-#[async_trait(?Send)]
-impl NodeReadiness for Readiness {
-    async fn wait_ready_since(&self, since: SystemTime, _timeout: Duration) -> anyhow::Result<()> {
-        self.0.borrow_mut().push(since);
-        Ok(())
-    }
-}
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)

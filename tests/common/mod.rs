@@ -22,6 +22,20 @@ use serde_json::json;
 /// The systemd-nspawn rig (tests/nspawn) for the systemd actuator tests.
 pub mod nspawn;
 
+/// Stands in for the cluster's readiness wait in the actuator tests (the wait itself
+/// is tested against a real API server in cluster_node.rs, and end to end): records
+/// the restart time each wait was asked for.
+#[derive(Default)]
+pub struct Readiness(pub std::cell::RefCell<Vec<std::time::SystemTime>>);
+
+#[async_trait::async_trait(?Send)]
+impl regrade::actuator::NodeReadiness for Readiness {
+    async fn wait_ready_since(&self, since: std::time::SystemTime, _timeout: Duration) -> anyhow::Result<()> {
+        self.0.borrow_mut().push(since);
+        Ok(())
+    }
+}
+
 pub const GATE: &str = "REGRADE_TEST_KUBE";
 
 /// A running etcd + kube-apiserver. Dropping it stops them.
