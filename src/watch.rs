@@ -197,8 +197,11 @@ struct Watcher<'a> {
     /// The Node's marks may not match the level (a step failed, or marking did): they
     /// are put right on the following samples until that succeeds.
     marks_pending: bool,
-    /// When the actuator's level was last read; a hand step changes it behind the core.
+    /// When the actuator's level was last read, and what it said. A hand step changes
+    /// it behind the core. (The core's level can differ from it on purpose: after a
+    /// reboot at `control-plane`, see [`start_level`].)
     level_checked: Instant,
+    actuator_level: Level,
 }
 
 /// How often `watch` re-reads the level, to notice a hand step (`regrade step`).
@@ -216,10 +219,10 @@ impl<'a> Watcher<'a> {
         }
         backend.actuator.reconcile(backend.cluster.as_ref()).await.context("converging at start")?;
         let levels = backend.actuator.levels().to_vec();
-        let mut level = backend.actuator.current_level().await.context("reading the current level")?;
-        let mut marks_pending = false;
+        let actuator_level = backend.actuator.current_level().await.context("reading the current level")?;
+        let (mut level, mut marks_pending) = (actuator_level, false);
         if !dry_run {
-            (level, marks_pending) = start_level(&backend, &cfg.levels, level).await;
+            (level, marks_pending) = start_level(&backend, &cfg.levels, actuator_level).await;
             backend.cluster.disconnect();
         }
         tracing::info!(level = %level, dry_run, "regrade watch starting");
@@ -232,6 +235,7 @@ impl<'a> Watcher<'a> {
             dry_run,
             marks_pending,
             level_checked: Instant::now(),
+            actuator_level,
         })
     }
 
@@ -267,11 +271,14 @@ impl<'a> Watcher<'a> {
             if let Some(step) = proposed {
                 let outcome = self.run_step(&step).await;
                 self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
-                if !self.marks_pending {
-                    self.backend.cluster.disconnect();
+                if let Some(level) = outcome.level_after(&step) {
+                    self.actuator_level = level;
                 }
                 if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, &step, &outcome), &outcome) {
                     self.backend.cluster.record(StepEvent::Refused(&step, r)).await;
+                }
+                if !self.marks_pending {
+                    self.backend.cluster.disconnect();
                 }
             }
         }
@@ -280,12 +287,13 @@ impl<'a> Watcher<'a> {
         Ok(ExitCode::SUCCESS)
     }
 
-    /// A hand step (`regrade step`) changes the level behind the core: adopt it as a
-    /// step that ran now, so cooldown and fresh streaks apply from it.
+    /// A hand step (`regrade step`) changes the actuator's level behind the core:
+    /// adopt it as a step that ran now, so cooldown and fresh streaks apply from it.
     async fn follow_hand_steps(&mut self, t: Duration) {
         self.level_checked = Instant::now();
         match self.backend.actuator.current_level().await {
-            Ok(level) if level != self.ticker.state.level => {
+            Ok(level) if level != self.actuator_level => {
+                self.actuator_level = level;
                 tracing::info!(level = %level, was = %self.ticker.state.level, "the level changed outside watch (a hand step?); following it");
                 self.ticker.state.step_ran(t, level);
                 self.ticker.mark_dirty();
@@ -465,6 +473,51 @@ mod tests {
         assert_eq!(start(Ok(None), Level::Full), (Level::Full, false));
         assert_eq!(start(Ok(Some(Level::EtcdOnly)), Level::EtcdOnly), (Level::EtcdOnly, false));
         assert_eq!(start(Err(anyhow::anyhow!("503")), Level::Full), (Level::Full, false));
+    }
+
+    /// An actuator whose level the test changes behind the watcher's back.
+    struct Shared(std::rc::Rc<std::cell::Cell<Level>>);
+
+    #[async_trait(?Send)]
+    impl crate::actuator::Actuator for Shared {
+        fn levels(&self) -> &[Level] {
+            &Level::ALL
+        }
+        async fn current_level(&self) -> anyhow::Result<Level> {
+            Ok(self.0.get())
+        }
+        async fn apply_level(&mut self, _: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn watch_follows_a_hand_step_but_keeps_a_level_adopted_from_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, "some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n").unwrap();
+        std::fs::write(&mem, "MemAvailable: 1000000 kB\n").unwrap();
+        let cfg = Config::parse(&format!(
+            "state_file = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n",
+            dir.path().join("state.json")
+        ))
+        .unwrap();
+        let level = std::rc::Rc::new(std::cell::Cell::new(Level::Full));
+        let backend = Backend {
+            actuator: Box::new(Shared(level.clone())),
+            cluster: Box::new(Labelled(Ok(Some(Level::ControlPlane)))),
+        };
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            assert_eq!(w.ticker.state.level, Level::ControlPlane, "adopted from the Node after a reboot");
+            w.follow_hand_steps(Duration::from_secs(60)).await;
+            assert_eq!(w.ticker.state.level, Level::ControlPlane, "the actuator did not change: nothing to follow");
+            level.set(Level::EtcdOnly); // `regrade step down` by hand
+            w.follow_hand_steps(Duration::from_secs(120)).await;
+            assert_eq!(w.ticker.state.level, Level::EtcdOnly);
+            assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(120)), "a hand step starts the cooldown");
+        });
     }
 
     #[test]
