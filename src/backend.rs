@@ -13,33 +13,28 @@ pub struct Backend {
 
 /// The real actuator and cluster, as this build and the configuration choose.
 pub async fn real(cfg: &Config) -> anyhow::Result<Backend> {
-    let actuator = real_actuator(cfg)?;
+    let actuator = actuator(cfg)?;
     let cluster = crate::cluster::connect(cfg).await?;
     Ok(Backend { actuator, cluster })
 }
 
 /// A dry run starts where the real actuator says k3s is, and changes nothing.
 pub async fn dry_run(cfg: &Config) -> Backend {
-    let level = observed_level(cfg).await.unwrap_or(Level::Full);
+    let level = match actuator(cfg) {
+        Ok(a) => a.current_level().await.unwrap_or(Level::Full),
+        Err(_) => Level::Full,
+    };
     Backend { actuator: Box::new(DryRun::new(level)), cluster: Box::new(AlwaysFree) }
 }
 
-/// The level k3s runs at, read without changing anything.
-pub async fn observed_level(cfg: &Config) -> anyhow::Result<Level> {
-    real_actuator(cfg)?.current_level().await
-}
-
-/// Where k3s's start record and the actuator's file disagree, a sentence saying so.
-pub async fn disagreement(cfg: &Config) -> Option<String> {
-    real_actuator(cfg).ok()?.disagreement().await
-}
-
+/// The real actuator this build has (systemd, or docker in a `docker` build). Building
+/// it touches nothing; `status` reads the level and any disagreement through it.
 #[cfg(not(feature = "docker"))]
-fn real_actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
+pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
     Ok(Box::new(crate::actuator::systemd::SystemdActuator::new(cfg)?))
 }
 
 #[cfg(feature = "docker")]
-fn real_actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
+pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
     Ok(Box::new(crate::actuator::docker::DockerActuator::new(cfg)?))
 }

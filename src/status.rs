@@ -76,13 +76,14 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_config(cfg);
     let published = Published::read_live(&cfg.state_file);
     let status = crate::watch::runtime()?.block_on(async {
-        let level = match backend::observed_level(cfg).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "could not read the level; assuming full");
-                Level::Full
-            }
+        let (level, disagreement) = match backend::actuator(cfg) {
+            Ok(a) => (a.current_level().await, a.disagreement().await),
+            Err(e) => (Err(e), None),
         };
+        let level = level.unwrap_or_else(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "could not read the level; assuming full");
+            Level::Full
+        });
         let now = statefile::unix(SystemTime::now());
         let state = published.as_ref().and_then(Published::state);
         let next_step = state.and_then(|s| {
@@ -94,7 +95,6 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             Some((step, _)) => preflight(cfg, step).await,
             None => None,
         };
-        let disagreement = backend::disagreement(cfg).await;
         Status {
             level,
             metric: settings.metric.as_str(),
