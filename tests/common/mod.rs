@@ -22,6 +22,12 @@ use serde_json::json;
 /// The systemd-nspawn rig (tests/nspawn) for the systemd actuator tests.
 pub mod nspawn;
 
+/// The level-record tests' rig: API server, nspawn container, `regrade` as a child.
+pub mod level_rig;
+
+/// A proxy in front of the API server that loses a Node PATCH's reply.
+pub mod lost_reply;
+
 /// Stands in for the cluster's readiness wait in the actuator tests (the wait itself
 /// is tested against a real API server in cluster_node.rs, and end to end): records
 /// the restart time each wait was asked for.

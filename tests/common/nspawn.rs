@@ -228,3 +228,28 @@ pub fn health_ok(url: &str) -> bool {
     let _ = s.read_to_string(&mut text);
     text.split_whitespace().nth(1) == Some("200") && text.contains("\"health\":\"true\"")
 }
+
+impl Container {
+    /// Reboots the container (tests/nspawn/container.sh reboot): systemd powers it off,
+    /// its root and /etc/rancher/k3s stay, /run/regrade is emptied as a tmpfs would
+    /// be, and it boots again. Its PID 1 and bus change.
+    pub fn reboot(&mut self) {
+        let out = Command::new(script())
+            .args(["reboot", &self.name])
+            .env("REGRADE_BIN", env!("CARGO_BIN_EXE_regrade"))
+            .output()
+            .expect("running tests/nspawn/container.sh reboot");
+        assert!(
+            out.status.success(),
+            "container.sh reboot {} failed:\n{}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let again = Self::from_output(&self.name, &out.stdout, None);
+        self.vars = again.vars.clone();
+        std::mem::forget(again); // its Drop would stop the container
+        if self._lock.is_some() {
+            std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", self.var("BUS"));
+        }
+    }
+}

@@ -4,6 +4,8 @@
 #
 #   container.sh up NAME     boot; print KEY=VALUE lines (below) on stdout
 #   container.sh down NAME   stop (poweroff, then SIGKILL of our nspawn), remove its files
+#   container.sh reboot NAME stop it as down does but keep its files, empty RUN (a tmpfs
+#                            at a real boot), boot the same root again; prints as up
 #
 # Network: the container shares the host's network namespace (no --private-network)
 # and its k3s stand-in listens on a loopback address of its own,
@@ -46,7 +48,7 @@ pid1_of() { # the container's PID 1: the child of our nspawn process
   pgrep -P "$np" 2>/dev/null | head -n1
 }
 
-down() {
+stop() {
   [ -d "$dir" ] || return 0
   local np=""
   [ -f "$dir/nspawn.pid" ] && np="$(cat "$dir/nspawn.pid")"
@@ -61,6 +63,10 @@ down() {
       for _ in $(seq 1 20); do kill -0 "$np" 2>/dev/null || break; sleep 0.5; done
     fi
   fi
+}
+
+down() {
+  stop
   # Only once nspawn is gone: its bind mounts lived in its own mount namespace.
   rm -rf "$dir"
 }
@@ -85,7 +91,22 @@ up() {
   mkdir -p "$dir/root/etc/rancher/k3s" "$dir/root/run/regrade"
   [ -z "${REGRADE_NSPAWN_SEED_ETC:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ETC/." "$dir/etc-k3s/"
   [ -z "${REGRADE_NSPAWN_SEED_ROOT:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ROOT/." "$dir/root/"
+  echo "$bin" > "$dir/standin-bin"
   log "booting (rootfs $root, stand-in $bin, address $addr)"
+  boot
+}
+
+reboot() {
+  : "${REGRADE_BIN:?REGRADE_BIN must name the regrade binary to install}"
+  [ -f "$dir/standin-bin" ] || { log "no container $name to reboot"; exit 1; }
+  stop
+  find "$dir/run-regrade" -mindepth 1 -delete
+  bin="$(cat "$dir/standin-bin")"
+  log "rebooting (same root, /run/regrade emptied)"
+  boot
+}
+
+boot() {
   setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive \
     -D "$dir/root" -M "$name" \
     --bind="$dir/etc-k3s:/etc/rancher/k3s" --bind="$dir/run-regrade:/run/regrade" \
@@ -122,5 +143,6 @@ up() {
 case "$cmd" in
   up) up ;;
   down) down ;;
-  *) echo "usage: container.sh up|down NAME" >&2; exit 2 ;;
+  reboot) reboot ;;
+  *) echo "usage: container.sh up|down|reboot NAME" >&2; exit 2 ;;
 esac

@@ -1,0 +1,177 @@
+//! A proxy in front of the rig's kube-apiserver that can lose replies: it terminates
+//! TLS with the API server's own serving certificate (so regrade's checks of the CA
+//! and the name pass unchanged), forwards every request over a fresh TLS connection to
+//! the real API server, and sends the answers back — except, when armed, the answer
+//! to a Node PATCH: the PATCH reaches the API server and takes effect, its reply is
+//! dropped, and the connection stays silent until the client gives up. Meanwhile (the
+//! "black hole") every new request is swallowed the same way, as when every endpoint
+//! times out. Requests carry their own credentials (a ServiceAccount token), which
+//! pass through untouched; the proxy itself presents no client certificate.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+
+#[derive(Default)]
+pub struct Knobs {
+    /// Node PATCHes still to lose.
+    lose_patches: AtomicUsize,
+    /// How long every request is swallowed after a lost PATCH.
+    black_hole_for: Mutex<Duration>,
+    black_hole_until: Mutex<Option<Instant>>,
+    /// PATCHes to nodes forwarded (lost or not), and how many replies were lost.
+    pub node_patches: AtomicUsize,
+    pub lost: AtomicUsize,
+    /// Requests swallowed by the black hole.
+    pub swallowed: AtomicUsize,
+    /// Every request swallowed until set false again: the API "down".
+    down: AtomicBool,
+}
+
+impl Knobs {
+    /// Loses the reply to the next Node PATCH, then swallows every request for `then`.
+    pub fn lose_next_node_patch(&self, then: Duration) {
+        *self.black_hole_for.lock().unwrap() = then;
+        self.lose_patches.store(1, Ordering::SeqCst);
+    }
+
+    /// Swallows every request (connections are accepted, nothing is answered) until
+    /// called with `false`: every endpoint times out.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    fn in_black_hole(&self) -> bool {
+        self.down.load(Ordering::SeqCst) || self.black_hole_until.lock().unwrap().is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Whether the black hole is over (or never began).
+    pub fn back(&self) -> bool {
+        !self.in_black_hole()
+    }
+}
+
+pub struct LostReply {
+    pub url: String,
+    pub knobs: Arc<Knobs>,
+}
+
+/// Starts the proxy on 127.0.0.1 (a free port) in front of `upstream`
+/// (`https://127.0.0.1:PORT`), with the harness's `pki` directory. Runs on the
+/// caller's tokio runtime (a multi-threaded one: it must serve while the test blocks).
+pub async fn start(upstream: &str, pki: &Path) -> LostReply {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs: Vec<_> = CertificateDer::pem_file_iter(pki.join("apiserver.crt")).unwrap().map(Result::unwrap).collect();
+    let key = PrivateKeyDer::from_pem_file(pki.join("apiserver.key")).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.join("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let hostport = upstream.strip_prefix("https://").unwrap().to_string();
+    let ip: IpAddr = hostport.rsplit_once(':').unwrap().0.parse().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let knobs = Arc::new(Knobs::default());
+    let k = knobs.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (acceptor, connector, hostport, k) = (acceptor.clone(), connector.clone(), hostport.clone(), k.clone());
+            tokio::spawn(async move {
+                let Ok(down) = acceptor.accept(tcp).await else { return };
+                let Ok(up_tcp) = TcpStream::connect(&hostport).await else { return };
+                let Ok(up) = connector.connect(ServerName::IpAddress(ip.into()), up_tcp).await else { return };
+                serve(down, up, k).await;
+            });
+        }
+    });
+    LostReply { url, knobs }
+}
+
+/// Pipes one client connection to the API server and back, watching the requests.
+async fn serve<D, U>(down: D, up: U, k: Arc<Knobs>)
+where
+    D: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut dr, mut dw) = tokio::io::split(down);
+    let (mut ur, mut uw) = tokio::io::split(up);
+    // Set once this connection's replies are lost: nothing more goes back on it.
+    let silent = Arc::new(AtomicBool::new(false));
+    let s = silent.clone();
+    let back = tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = match ur.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if s.load(Ordering::SeqCst) {
+                continue; // lost on the way back
+            }
+            if dw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 << 10];
+    // The tail of the previous chunk, so a request line split across reads is seen.
+    let mut tail: Vec<u8> = Vec::new();
+    // Whether this connection's requests still go up (a lost PATCH's body does;
+    // a swallowed request does not).
+    let mut forward = true;
+    loop {
+        let n = match dr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut seen = std::mem::take(&mut tail);
+        seen.extend_from_slice(&buf[..n]);
+        if !silent.load(Ordering::SeqCst) {
+            if k.in_black_hole() {
+                // Every endpoint times out: swallow the request, answer nothing.
+                k.swallowed.fetch_add(1, Ordering::SeqCst);
+                silent.store(true, Ordering::SeqCst);
+                forward = false;
+            } else if seen.windows(20).any(|w| w == b"PATCH /api/v1/nodes/") {
+                k.node_patches.fetch_add(1, Ordering::SeqCst);
+                let lose =
+                    k.lose_patches.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+                if lose {
+                    // Silence first, then forward: the reply must never get back.
+                    silent.store(true, Ordering::SeqCst);
+                    k.lost.fetch_add(1, Ordering::SeqCst);
+                    let hole = *k.black_hole_for.lock().unwrap();
+                    *k.black_hole_until.lock().unwrap() = Some(Instant::now() + hole);
+                }
+            }
+        }
+        if forward && uw.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        let keep = seen.len().saturating_sub(32);
+        tail = seen.split_off(keep);
+    }
+    back.abort();
+}
