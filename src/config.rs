@@ -294,6 +294,9 @@ pub struct Config {
     pub step_up: StepUp,
     /// Where `watch` publishes its state (streaks, last step, last refusal) for `status`.
     pub state_file: PathBuf,
+    /// The durable record of the level regrade holds the server at, with a step under
+    /// way (docs/level-record.md). On disk that survives a reboot.
+    pub level_record: PathBuf,
     pub pressure: PressureConfig,
     pub levels: LevelsConfig,
     pub cluster: crate::cluster::ClusterConfig,
@@ -307,6 +310,7 @@ impl Default for Config {
         Config {
             step_up: StepUp::Automatic,
             state_file: PathBuf::from("/run/regrade/state.json"),
+            level_record: PathBuf::from(crate::level_record::DEFAULT_PATH),
             pressure: PressureConfig::default(),
             levels: LevelsConfig::default(),
             cluster: Default::default(),

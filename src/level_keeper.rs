@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::decide::Step;
+use crate::actuator::Actuator;
+use crate::cluster::Cluster;
+use crate::config::Config;
+use crate::decide::{Direction, Step};
 use crate::level::Level;
-use crate::level_record::{LevelRecord, Phase};
+use crate::level_record::{converge, Decision, LevelRecord, Marks, Observed, Phase};
 
 /// The level record of this server as a step sees it. `None` path: a dry run, which
 /// must not change the record a real `watch` keeps.
@@ -42,7 +45,17 @@ impl Keeper {
         &self.keys
     }
 
-    fn put(&self, r: LevelRecord) -> anyhow::Result<()> {
+    /// Takes `record` as the current one (written by another process: a hand step).
+    pub fn adopt(&self, record: LevelRecord) {
+        *self.current.borrow_mut() = record;
+    }
+
+    /// The record on disk now, if it can be read (`None` in a dry run).
+    pub fn on_disk(&self) -> Option<LevelRecord> {
+        LevelRecord::read(self.path.as_ref()?).ok().flatten()
+    }
+
+    pub fn put(&self, r: LevelRecord) -> anyhow::Result<()> {
         if let Some(p) = &self.path {
             r.write(p)?;
         }
@@ -84,6 +97,136 @@ impl Keeper {
             *self.current.borrow_mut() = r;
         }
     }
+}
+
+/// The configuration keys naming what regrade puts on the Node and on disk, with
+/// their values now (see [`LevelRecord::keys`]).
+pub fn keys(cfg: &Config) -> BTreeMap<String, String> {
+    let c = &cfg.cluster;
+    let mut k = BTreeMap::from([
+        ("cluster.level_label".to_string(), c.level_label.clone()),
+        ("cluster.taint_key".to_string(), c.taint_key.clone()),
+        ("cluster.set_annotation".to_string(), c.set_annotation.clone()),
+    ]);
+    if !cfg!(feature = "docker") {
+        k.insert("systemd.dropin".to_string(), cfg.systemd.dropin.display().to_string());
+    }
+    k
+}
+
+/// What the Node's marks say now; `Unknown` when it cannot be read.
+pub async fn read_marks(cluster: &dyn Cluster) -> Marks {
+    match cluster.node_level().await {
+        Ok(l) => Marks::Level(l.unwrap_or(Level::Full)),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "could not read the Node's marks; reconciling them once it answers");
+            Marks::Unknown
+        }
+    }
+}
+
+/// What is left to do after the start-up decision, level-triggered: retried (with
+/// backoff) until done.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pending {
+    Nothing,
+    /// Put the Node's marks right for the level held.
+    Marks,
+    /// No record yet and the Node unread: read it, then decide again.
+    Adopt,
+    /// Finish an interrupted step (under the Lease).
+    Resume(Step),
+}
+
+/// The start-up decision, carried out as far as it goes without the API.
+pub struct Start {
+    pub keeper: Keeper,
+    pub decision: Decision,
+    pub pending: Pending,
+}
+
+impl Start {
+    /// The level the core starts from (a step to resume starts from its `from`).
+    pub fn level(&self) -> Level {
+        match &self.pending {
+            Pending::Resume(s) => s.from,
+            _ => self.keeper.level(),
+        }
+    }
+}
+
+/// Reads the record and the world, decides ([`converge`]) and carries out what needs
+/// no API (the actuator's file, the record); leaves the rest [`Pending`]. `marks`:
+/// the Node's marks as read (or `Unknown`). Refuses a changed key.
+pub async fn start(cfg: &Config, actuator: &mut dyn Actuator, marks: Marks) -> anyhow::Result<Start> {
+    let path = cfg.level_record.clone();
+    let keys = keys(cfg);
+    let record = match LevelRecord::read(&path) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "going on as if there were no level record");
+            None
+        }
+    };
+    let (file, started) = actuator.observe().await?;
+    let levels = cfg.levels.clone();
+    let same = move |a: Level, b: Level| !levels.needs_restart(a, b);
+    let decision = converge(&Observed { record: record.as_ref(), file, started, marks, keys: &keys }, &same);
+    let had_record = record.is_some();
+    let base = record.clone().unwrap_or_else(|| LevelRecord::at(started.or(file).unwrap_or(Level::Full), keys.clone()));
+    let keeper = Keeper::new(Some(path), base, keys);
+    match &decision {
+        Decision::AtLevel { .. } => tracing::info!(decision = %decision.describe(), "the level record and the world"),
+        _ => tracing::warn!(decision = %decision.describe(), "the level record and the world disagree"),
+    }
+    let pending = match &decision {
+        Decision::RefuseKeyChanged { .. } => anyhow::bail!("{}", decision.describe()),
+        Decision::AtLevel { level } => {
+            keeper.settle(*level);
+            Pending::Nothing
+        }
+        Decision::ReconcileMarks { level } if !had_record && marks == Marks::Unknown => {
+            // Nothing to write yet: the Node may say a lower level to adopt.
+            keeper.adopt(LevelRecord::at(*level, keeper.keys().clone()));
+            Pending::Adopt
+        }
+        Decision::ReconcileMarks { level } => {
+            keeper.settle(*level);
+            Pending::Marks
+        }
+        Decision::RewriteFile { level, marks } => {
+            actuator.rewrite(*level).await?;
+            keeper.settle(*level);
+            if *marks {
+                Pending::Marks
+            } else {
+                Pending::Nothing
+            }
+        }
+        Decision::RollBack { step } => {
+            actuator.rewrite(step.from).await?;
+            keeper.settle(step.from);
+            // The step may have marked the Node for `to`.
+            if marks == Marks::Level(step.from) {
+                Pending::Nothing
+            } else {
+                Pending::Marks
+            }
+        }
+        Decision::ResumeStep { step } => {
+            let direction = if step.to.index_in(&Level::ALL) > step.from.index_in(&Level::ALL) {
+                Direction::Down
+            } else {
+                Direction::Up
+            };
+            // A reversed step (an undoing under way) is recorded as such.
+            if record.as_ref().and_then(|r| r.step.as_ref()).is_some_and(|s| s.from != step.from) {
+                keeper.put(keeper.record().begin(step.from, step.to).reach(Phase::Restarting))?;
+            }
+            Pending::Resume(Step { direction, from: step.from, to: step.to })
+        }
+    };
+    Ok(Start { keeper, decision, pending })
 }
 
 /// When to try the Node's marks again: 1 s after a failure, doubling to 60 s.

@@ -10,6 +10,7 @@ use crate::backend;
 use crate::config::Config;
 use crate::decide::{Reading, Settings};
 use crate::level::Level;
+use crate::level_record::{converge, LevelRecord, Marks, Observed};
 use crate::pressure::{Psi, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 
@@ -37,6 +38,14 @@ pub struct Status {
     pub would_refuse: Option<String>,
     /// k3s's start record and the actuator's file disagree (`watch` converges at start).
     pub disagreement: Option<String>,
+    /// The level record (docs/level-record.md), or why it could not be read.
+    pub record: Option<crate::level_record::LevelRecord>,
+    pub record_error: Option<String>,
+    /// What the Node's marks say, read now; `None`: the Node could not be read.
+    pub node_marks: Option<Level>,
+    /// What regrade will do about the record and the world (the decision `watch`
+    /// and `step` take when they meet it).
+    pub will_do: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -76,14 +85,30 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_config(cfg);
     let published = Published::read_live(&cfg.state_file);
     let status = crate::watch::runtime()?.block_on(async {
-        let (level, disagreement) = match backend::actuator(cfg) {
-            Ok(a) => (a.current_level().await, a.disagreement().await),
-            Err(e) => (Err(e), None),
+        let (level, disagreement, observed) = match backend::actuator(cfg) {
+            Ok(a) => (a.current_level().await, a.disagreement().await, a.observe().await.ok()),
+            Err(e) => (Err(e), None, None),
         };
         let level = level.unwrap_or_else(|e| {
             tracing::warn!(error = %format!("{e:#}"), "could not read the level; assuming full");
             Level::Full
         });
+        let (file, started) = observed.unwrap_or((None, None));
+        let (record, record_error) = match LevelRecord::read(&cfg.level_record) {
+            Ok(r) => (r, None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let node_marks = match crate::cluster::connect(cfg).await {
+            Ok(c) => c.node_level().await.ok().map(|l| l.unwrap_or(Level::Full)),
+            Err(_) => None,
+        };
+        let keys = crate::level_keeper::keys(cfg);
+        let same = |a: Level, b: Level| !cfg.levels.needs_restart(a, b);
+        let marks = node_marks.map_or(Marks::Unknown, Marks::Level);
+        let decision = converge(&Observed { record: record.as_ref(), file, started, marks, keys: &keys }, &same);
+        // The level regrade holds the server at: the record's (a step under way has not
+        // finished), else what k3s runs.
+        let level = record.as_ref().map_or(level, |r| r.level);
         let now = statefile::unix(SystemTime::now());
         let state = published.as_ref().and_then(Published::state);
         let next_step = state.and_then(|s| {
@@ -114,6 +139,10 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             refusal: published.as_ref().and_then(|p| p.refusal.clone()),
             would_refuse,
             disagreement,
+            record,
+            record_error,
+            node_marks,
+            will_do: decision.describe(),
         }
     });
     if json {
@@ -178,5 +207,20 @@ pub fn render(s: &Status, now: f64) -> String {
     if let Some(d) = &s.disagreement {
         o += &format!("disagreement:   {d}\n");
     }
+    match (&s.record, &s.record_error) {
+        (_, Some(e)) => o += &format!("level record:   {e}\n"),
+        (Some(r), _) => {
+            if let Some(st) = &r.step {
+                o += &format!("step under way: {} -> {}, at {} (interrupted?)\n", st.from, st.to, st.phase);
+            }
+        }
+        (None, None) => o += "level record:   none yet\n",
+    }
+    match s.node_marks {
+        Some(m) if m != s.level => o += &format!("the Node says:  {m} (the record says {})\n", s.level),
+        Some(_) => {}
+        None => o += "the Node says:  (not readable now)\n",
+    }
+    o += &format!("will do:        {}\n", s.will_do);
     o
 }

@@ -3,11 +3,16 @@
 //! in the order that keeps the Node's marks true, renews the Lease while the actuator
 //! works, releases it as soon as the step returns, and records an Event.
 
-use crate::actuator::Actuator;
+use std::time::{Duration, SystemTime};
+
+use crate::actuator::{Actuator, NodeReadiness};
 use crate::cluster::{Cluster, Refusal, StepEvent};
 use crate::config::LevelsConfig;
 use crate::decide::{Direction, Step};
+use crate::kill_point;
 use crate::level::Level;
+use crate::level_keeper::Keeper;
+use crate::level_record::Phase;
 
 #[derive(Debug)]
 pub enum Outcome {
@@ -30,7 +35,62 @@ impl Outcome {
     }
 }
 
-pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster, levels: &LevelsConfig) -> Outcome {
+/// Runs `step`, keeping the level record (`keeper`) a phase ahead of each effect.
+pub async fn run(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    cluster: &dyn Cluster,
+    levels: &LevelsConfig,
+    keeper: &Keeper,
+) -> Outcome {
+    go(step, actuator, cluster, levels, keeper, Mode::Fresh).await
+}
+
+/// Finishes `step`, which a killed process began and got as far as restarting k3s
+/// for (the level record says so): under the Lease and peer gate like every step,
+/// [`Actuator::resume`] instead of a fresh apply.
+pub async fn resume(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    cluster: &dyn Cluster,
+    levels: &LevelsConfig,
+    keeper: &Keeper,
+) -> Outcome {
+    go(step, actuator, cluster, levels, keeper, Mode::Resume).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Fresh,
+    Resume,
+}
+
+/// What the actuator may ask of the outside while it applies a level: the cluster's
+/// readiness wait, and the record of each phase before its effect.
+struct Tracked<'a> {
+    cluster: &'a dyn Cluster,
+    keeper: &'a Keeper,
+}
+
+#[async_trait::async_trait(?Send)]
+impl NodeReadiness for Tracked<'_> {
+    async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()> {
+        kill_point::reached("readiness-wait");
+        self.cluster.wait_ready_since(since, timeout).await
+    }
+    fn progress(&self, phase: Phase) {
+        self.keeper.reach(phase);
+    }
+}
+
+async fn go(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    cluster: &dyn Cluster,
+    levels: &LevelsConfig,
+    keeper: &Keeper,
+    mode: Mode,
+) -> Outcome {
     // Read-only first: while a peer is down, a pressured server retries every sample,
     // and must not write the Lease (take and give back) each time.
     if let Err(refusal) = cluster.preflight(step).await {
@@ -39,10 +99,24 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
+    if mode == Mode::Fresh {
+        if let Err(error) = keeper.begin(step) {
+            cluster.release().await;
+            return Outcome::Failed { level: step.from, error: error.context("nothing was changed") };
+        }
+    }
     // Down: the marks go first (cordon and taint free memory before any restart). If
-    // they cannot be set, nothing has changed yet: that is a refusal, not a failed step.
+    // they cannot be set, k3s has not changed: the step is undone and refused. The
+    // PATCH may have reached the API server all the same (its reply lost), so the
+    // marks are left to be reconciled on the level the record keeps.
     if step.direction == Direction::Down {
+        kill_point::reached("before-marks");
+        keeper.reach(Phase::Marking);
         if let Err(e) = cluster.mark_node(step.to, levels).await {
+            keeper.marks_unsure.set(true);
+            if mode == Mode::Fresh {
+                keeper.settle(step.from);
+            }
             cluster.release().await;
             return Outcome::Refused(Refusal {
                 kind: "api-error",
@@ -50,9 +124,10 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
                 message: format!("could not mark the Node: {e:#}"),
             });
         }
+        kill_point::reached("after-marks");
     }
     let result = {
-        let applying = apply(step, &mut *actuator, cluster, levels);
+        let applying = apply(step, &mut *actuator, cluster, levels, keeper, mode);
         tokio::pin!(applying);
         tokio::select! {
             r = &mut applying => r,
@@ -64,46 +139,73 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
             }
         }
     };
-    cluster.release().await;
-    match result {
+    let outcome = match result {
         Ok(()) => {
-            cluster.record(StepEvent::Done(step)).await;
+            keeper.settle(step.to);
             Outcome::Done
         }
         Err(error) => {
-            let level = actuator.current_level().await.unwrap_or(step.from);
-            let text = format!("{error:#}");
-            cluster.record(StepEvent::Failed(step, &text)).await;
+            // Where k3s is now. A level with `from`'s flags is `from` (after a reboot
+            // the start record may say full where control-plane is held).
+            let level = match actuator.current_level().await {
+                Ok(l) if !levels.needs_restart(l, step.from) => step.from,
+                Ok(l) => l,
+                Err(_) => step.from,
+            };
+            keeper.settle(level);
             Outcome::Failed { level, error }
         }
+    };
+    kill_point::reached("before-release");
+    cluster.release().await;
+    match &outcome {
+        Outcome::Done => cluster.record(StepEvent::Done(step)).await,
+        Outcome::Failed { error, .. } => cluster.record(StepEvent::Failed(step, &format!("{error:#}"))).await,
+        Outcome::Refused(_) => {}
     }
+    outcome
 }
 
-/// Down (marks already set by [`run`]): apply. Up: apply first, then mark, so the Node
+/// Down (marks already set by [`go`]): apply. Up: apply first, then mark, so the Node
 /// never claims a level k3s is not at yet. If applying fails on the way down, the
-/// marks go back to the level the actuator restored.
+/// marks go back to the level the actuator restored. A mark that fails once k3s is
+/// at its level does not fail the step: the marks are left to be reconciled.
 async fn apply(
     step: &Step,
     actuator: &mut dyn Actuator,
     cluster: &dyn Cluster,
     levels: &LevelsConfig,
+    keeper: &Keeper,
+    mode: Mode,
 ) -> anyhow::Result<()> {
-    match step.direction {
-        Direction::Down => {
-            if let Err(e) = actuator.apply_level(step.to, cluster).await {
-                let back = actuator.current_level().await.unwrap_or(step.from);
-                if let Err(m) = cluster.mark_node(back, levels).await {
-                    tracing::error!(error = %format!("{m:#}"), level = %back, "could not put the Node's marks back");
-                }
-                return Err(e);
+    let tracked = Tracked { cluster, keeper };
+    let applied = match mode {
+        Mode::Fresh => actuator.apply_level(step.to, &tracked).await,
+        Mode::Resume => actuator.resume(step.from, step.to, &tracked).await,
+    };
+    if let Err(e) = applied {
+        if step.direction == Direction::Down {
+            let back = match actuator.current_level().await {
+                Ok(l) if levels.needs_restart(l, step.from) => l,
+                _ => step.from,
+            };
+            if let Err(m) = cluster.mark_node(back, levels).await {
+                keeper.marks_unsure.set(true);
+                tracing::error!(error = %format!("{m:#}"), level = %back, "could not put the Node's marks back");
             }
-            Ok(())
         }
-        Direction::Up => {
-            actuator.apply_level(step.to, cluster).await?;
-            cluster.mark_node(step.to, levels).await
-        }
+        return Err(e);
     }
+    keeper.reach(Phase::Applied);
+    if step.direction == Direction::Up {
+        kill_point::reached("before-marks");
+        if let Err(m) = cluster.mark_node(step.to, levels).await {
+            keeper.marks_unsure.set(true);
+            tracing::error!(error = %format!("{m:#}"), level = %step.to, "could not mark the Node; reconciling it later");
+        }
+        kill_point::reached("after-marks");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -202,6 +304,12 @@ mod tests {
         }
     }
 
+    /// A level record kept in memory only.
+    fn keeper() -> Keeper {
+        let k = std::collections::BTreeMap::new();
+        Keeper::new(None, crate::level_record::LevelRecord::at(Level::ControlPlane, k.clone()), k)
+    }
+
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     }
@@ -214,7 +322,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
-        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done));
         assert_eq!(log.take(), ["preflight", "acquire", "mark etcd-only", "apply etcd-only", "release", "event done"]);
         assert_eq!(a.level, Level::EtcdOnly);
@@ -225,7 +333,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::EtcdOnly, fail: false, log: &log };
         let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
-        let out = block_on(run(&UP, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&UP, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -238,7 +346,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: true, log: &log };
         let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: false };
-        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -260,7 +368,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let c = FakeCluster { refuse: None, log: &log, lose_lease: true, fail_marks: false };
-        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert_eq!(a.level, Level::EtcdOnly);
         let calls = log.take();
@@ -273,10 +381,16 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let c = FakeCluster { refuse: None, log: &log, lose_lease: false, fail_marks: true };
-        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert!(matches!(&out, Outcome::Refused(r) if r.kind == "api-error" && r.message.contains("503")), "{out:?}");
         assert_eq!(log.take(), ["preflight", "acquire", "mark etcd-only", "release"]);
         assert_eq!(a.level, Level::ControlPlane, "k3s untouched");
+        // The PATCH may have gone through: the marks are to be reconciled, and the
+        // record holds the level the step started from.
+        let k = keeper();
+        block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &k));
+        assert!(k.marks_unsure.get());
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));
     }
 
     #[test]
@@ -285,7 +399,7 @@ mod tests {
         let mut a = FakeActuator { level: Level::ControlPlane, fail: false, log: &log };
         let refusal = Refusal { kind: "lease-held", subject: "server-2".into(), message: "held by server-2".into() };
         let c = FakeCluster { refuse: Some(refusal.clone()), log: &log, lose_lease: false, fail_marks: false };
-        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default()));
+        let out = block_on(run(&DOWN, &mut a, &c, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
         assert_eq!(log.take(), ["preflight"], "refused read-only: the Lease was never written");
         assert_eq!(a.level, Level::ControlPlane);

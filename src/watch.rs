@@ -12,9 +12,11 @@ use tokio::time::MissedTickBehavior;
 use crate::backend::{self, Backend};
 use crate::cli::StepTarget;
 use crate::cluster::StepEvent;
-use crate::config::{Config, LevelsConfig};
+use crate::config::Config;
 use crate::decide::{Direction, Settings, State, Step};
 use crate::level::Level;
+use crate::level_keeper::{self, Backoff, Keeper, Pending};
+use crate::level_record::LevelRecord;
 use crate::notify::Notifier;
 use crate::pressure::{SampleError, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
@@ -194,17 +196,19 @@ struct Watcher<'a> {
     ticker: Ticker,
     origin: Instant,
     dry_run: bool,
-    /// The Node's marks may not match the level (a step failed, or marking did): they
-    /// are put right on the following samples until that succeeds.
-    marks_pending: bool,
-    /// When the actuator's level was last read, and what it said. A hand step changes
-    /// it behind the core. (The core's level can differ from it on purpose: after a
-    /// reboot at `control-plane`, see [`start_level`].)
+    /// The level record (docs/level-record.md): the level held, a step under way.
+    keeper: Keeper,
+    /// What the start-up decision, or a step, left to do: the Node's marks to put
+    /// right, an interrupted step to finish. Retried with `backoff` until done; a
+    /// calm, consistent server has nothing pending and makes no API request.
+    pending: Pending,
+    backoff: Backoff,
+    /// When the level record was last re-read, to notice a hand step (`regrade step`
+    /// writes it too).
     level_checked: Instant,
-    actuator_level: Level,
 }
 
-/// How often `watch` re-reads the level, to notice a hand step (`regrade step`).
+/// How often `watch` re-reads the level record, to notice a hand step.
 const LEVEL_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl<'a> Watcher<'a> {
@@ -214,17 +218,27 @@ impl<'a> Watcher<'a> {
         sampler: Sampler,
         dry_run: bool,
     ) -> anyhow::Result<Watcher<'a>> {
-        if let Some(d) = backend.actuator.disagreement().await {
-            tracing::warn!(disagreement = %d, "k3s's level and regrade's file disagree; converging");
-        }
-        backend.actuator.reconcile(backend.cluster.as_ref()).await.context("converging at start")?;
         let levels = backend.actuator.levels().to_vec();
-        let actuator_level = backend.actuator.current_level().await.context("reading the current level")?;
-        let (mut level, mut marks_pending) = (actuator_level, false);
-        if !dry_run {
-            (level, marks_pending) = start_level(&backend, &cfg.levels, actuator_level).await;
+        let (keeper, pending) = if dry_run {
+            let level = backend.actuator.current_level().await.context("reading the current level")?;
+            (
+                Keeper::new(None, LevelRecord::at(level, level_keeper::keys(cfg)), level_keeper::keys(cfg)),
+                Pending::Nothing,
+            )
+        } else {
+            // The one read of the Node a calm start makes; then no request while calm.
+            let marks = level_keeper::read_marks(backend.cluster.as_ref()).await;
+            let st = level_keeper::start(cfg, backend.actuator.as_mut(), marks).await.context("converging at start")?;
             backend.cluster.disconnect();
-        }
+            if let Pending::Resume(step) = &st.pending {
+                tracing::info!(from = %step.from, to = %step.to, "an interrupted step is to be finished first");
+            }
+            (st.keeper, st.pending)
+        };
+        let level = match &pending {
+            Pending::Resume(s) => s.from,
+            _ => keeper.level(),
+        };
         tracing::info!(level = %level, dry_run, "regrade watch starting");
         let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
         Ok(Watcher {
@@ -233,9 +247,10 @@ impl<'a> Watcher<'a> {
             ticker,
             origin: Instant::now(),
             dry_run,
-            marks_pending,
+            keeper,
+            pending,
+            backoff: Backoff::now(),
             level_checked: Instant::now(),
-            actuator_level,
         })
     }
 
@@ -260,24 +275,23 @@ impl<'a> Watcher<'a> {
             }
             if !self.dry_run {
                 if proposed.is_some() || self.level_checked.elapsed() >= LEVEL_CHECK_EVERY {
-                    self.follow_hand_steps(t).await;
+                    self.follow_hand_steps(t);
                 }
-                if self.marks_pending {
-                    self.put_marks_right().await;
+                if self.pending != Pending::Nothing && self.backoff.due() {
+                    self.converge(t).await;
                 }
             }
-            // A hand step just noticed may have made the proposal stale.
-            let proposed = proposed.filter(|s| s.from == self.ticker.state.level);
+            // A hand step just noticed may have made the proposal stale; an interrupted
+            // step is finished before any other.
+            let resuming = matches!(self.pending, Pending::Resume(_));
+            let proposed = proposed.filter(|s| s.from == self.ticker.state.level && !resuming);
             if let Some(step) = proposed {
-                let outcome = self.run_step(&step).await;
-                self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
-                if let Some(level) = outcome.level_after(&step) {
-                    self.actuator_level = level;
-                }
+                let outcome = self.run_step(&step, false).await;
+                self.after_step(&outcome);
                 if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, &step, &outcome), &outcome) {
                     self.backend.cluster.record(StepEvent::Refused(&step, r)).await;
                 }
-                if !self.marks_pending {
+                if self.pending == Pending::Nothing {
                     self.backend.cluster.disconnect();
                 }
             }
@@ -287,40 +301,100 @@ impl<'a> Watcher<'a> {
         Ok(ExitCode::SUCCESS)
     }
 
-    /// A hand step (`regrade step`) changes the actuator's level behind the core:
-    /// adopt it as a step that ran now, so cooldown and fresh streaks apply from it.
-    async fn follow_hand_steps(&mut self, t: Duration) {
-        self.level_checked = Instant::now();
-        match self.backend.actuator.current_level().await {
-            Ok(level) if level != self.actuator_level => {
-                self.actuator_level = level;
-                tracing::info!(level = %level, was = %self.ticker.state.level, "the level changed outside watch (a hand step?); following it");
-                self.ticker.state.step_ran(t, level);
-                self.ticker.mark_dirty();
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not read the current level"),
+    /// After a step: marks whose outcome at the API is unknown, or that a failed step
+    /// may have left wrong, are reconciled from the next sample on.
+    fn after_step(&mut self, outcome: &Outcome) {
+        if self.keeper.marks_unsure.replace(false) || matches!(outcome, Outcome::Failed { .. }) {
+            self.pending = Pending::Marks;
+            self.backoff = Backoff::now();
         }
     }
 
-    /// Retries the Node's marks for the level k3s is at, after a step left them wrong.
-    async fn put_marks_right(&mut self) {
-        let level = self.ticker.state.level;
-        match self.backend.cluster.mark_node(level, &self.cfg.levels).await {
-            Ok(()) => {
-                tracing::info!(level = %level, "the Node's marks match the level again");
-                self.marks_pending = false;
+    /// A hand step (`regrade step`) moves the level record behind the core: adopt
+    /// it as a step that ran now, so cooldown and fresh streaks apply from it.
+    fn follow_hand_steps(&mut self, t: Duration) {
+        self.level_checked = Instant::now();
+        let Some(r) = self.keeper.on_disk() else { return };
+        if r.step.is_none() && r.level != self.keeper.level() && !matches!(self.pending, Pending::Resume(_)) {
+            tracing::info!(level = %r.level, was = %self.ticker.state.level, "the level changed outside watch (a hand step?); following it");
+            self.ticker.state.step_ran(t, r.level);
+            self.keeper.adopt(r);
+            self.ticker.mark_dirty();
+        }
+    }
+
+    /// One try at what is pending; on failure the next try waits (backoff).
+    async fn converge(&mut self, t: Duration) {
+        match self.pending.clone() {
+            Pending::Nothing => {}
+            Pending::Adopt => match self.backend.cluster.node_level().await {
+                Ok(label) => {
+                    // Decide again, now that the Node has been read.
+                    let marks = crate::level_record::Marks::Level(label.unwrap_or(Level::Full));
+                    match level_keeper::start(self.cfg, self.backend.actuator.as_mut(), marks).await {
+                        Ok(st) => {
+                            if st.level() != self.ticker.state.level {
+                                tracing::info!(level = %st.level(), "carrying on from the level the Node says");
+                                self.ticker.state.level = st.level();
+                                self.ticker.mark_dirty();
+                            }
+                            self.keeper = st.keeper;
+                            self.pending = st.pending;
+                            self.backoff = Backoff::now();
+                        }
+                        Err(e) => self.retry_later(&e),
+                    }
+                }
+                Err(e) => self.retry_later(&e),
+            },
+            Pending::Marks => {
+                let level = self.keeper.level();
+                match self.backend.cluster.mark_node(level, &self.cfg.levels).await {
+                    Ok(()) => {
+                        tracing::info!(level = %level, "the Node's marks match the level");
+                        self.pending = Pending::Nothing;
+                        self.backoff = Backoff::now();
+                        self.backend.cluster.disconnect();
+                    }
+                    Err(e) => self.retry_later(&e),
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), level = %level, "could not put the Node's marks right; retrying next sample")
+            Pending::Resume(step) => {
+                tracing::info!(from = %step.from, to = %step.to, "finishing the interrupted step");
+                let outcome = self.run_step(&step, true).await;
+                match &outcome {
+                    Outcome::Refused(r) => {
+                        let e = anyhow::anyhow!("the interrupted step {} -> {} was refused: {r}", step.from, step.to);
+                        self.retry_later(&e);
+                        return;
+                    }
+                    Outcome::Done | Outcome::Failed { .. } => {
+                        self.pending = Pending::Nothing;
+                        self.backoff = Backoff::now();
+                    }
+                }
+                self.after_step(&outcome);
+                self.ticker.settle(t, &step, &outcome);
             }
         }
+    }
+
+    fn retry_later(&mut self, e: &anyhow::Error) {
+        let wait = self.backoff.failed();
+        tracing::warn!(error = %format!("{e:#}"), pending = ?self.pending, retry_in = ?wait, "could not converge yet; retrying");
     }
 
     /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
-    async fn run_step(&mut self, step: &Step) -> Outcome {
+    async fn run_step(&mut self, step: &Step, resume: bool) -> Outcome {
         let Backend { actuator, cluster } = &mut self.backend;
-        let fut = step::run(step, actuator.as_mut(), cluster.as_ref(), &self.cfg.levels);
+        let (a, c, l, k) = (actuator.as_mut(), cluster.as_ref(), &self.cfg.levels, &self.keeper);
+        let fut = async move {
+            if resume {
+                step::resume(step, a, c, l, k).await
+            } else {
+                step::run(step, a, c, l, k).await
+            }
+        };
         tokio::pin!(fut);
         let notifier = &self.ticker.notifier;
         let mut wd = tokio::time::interval(notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
@@ -333,40 +407,43 @@ impl<'a> Watcher<'a> {
     }
 }
 
-/// The level `watch` starts from, and whether the Node's marks need putting right.
-/// After a reboot at `control-plane`, nothing on disk says so (the level has the
-/// flags of `full` and the start record lives in /run): only the Node's label does.
-/// A label naming a lower level with the same k3s flags is adopted; any other
-/// mismatch is corrected to the actuator's level, which is what k3s runs.
-async fn start_level(backend: &Backend, levels: &LevelsConfig, actual: Level) -> (Level, bool) {
-    match backend.cluster.node_level().await {
-        Ok(label) => {
-            let labelled = label.unwrap_or(Level::Full);
-            let below = |a: Level, b: Level| a.index_in(&Level::ALL) > b.index_in(&Level::ALL);
-            if labelled == actual {
-                (actual, false)
-            } else if below(labelled, actual) && !levels.needs_restart(labelled, actual) {
-                tracing::info!(level = %labelled, k3s = %actual, "the Node is labelled with a level k3s runs as; carrying on from it");
-                (labelled, false)
-            } else {
-                tracing::warn!(label = %labelled, level = %actual, "the Node's label does not match how k3s runs; correcting the Node");
-                (actual, true)
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "could not read the Node's level at start; going on from the actuator's");
-            (actual, false)
-        }
-    }
-}
-
 /// `regrade step up|down|to LEVEL`: the same Lease and peer check, never reads PSI.
+/// It meets the level record first as `watch` does (an interrupted step is finished
+/// first, a changed key refused), and handles SIGINT/SIGTERM as `watch` does: the
+/// step under way is finished (or fails and is undone), then it stops.
 pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
         let Backend { mut actuator, cluster } = backend::real(cfg).await?;
         let levels = actuator.levels().to_vec();
+        let marks = level_keeper::read_marks(cluster.as_ref()).await;
+        let st = level_keeper::start(cfg, actuator.as_mut(), marks).await?;
+        let keeper = st.keeper;
+        let mut interrupted = false;
+        match st.pending {
+            Pending::Nothing | Pending::Adopt => {}
+            Pending::Marks => {
+                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
+                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right");
+                }
+            }
+            Pending::Resume(step) => {
+                println!("finishing the interrupted step {} -> {} ...", step.from, step.to);
+                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+                match finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await {
+                    Outcome::Done => println!("now at {}", step.to),
+                    Outcome::Refused(r) => {
+                        anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
+                    }
+                    Outcome::Failed { level, error } => {
+                        anyhow::bail!("finishing the interrupted step failed, k3s is at {level}: {error:#}")
+                    }
+                }
+            }
+        }
         loop {
-            let current = actuator.current_level().await?;
+            let current = keeper.level();
             let step = match next_hand_step(current, target, &levels)? {
                 Some(step) => step,
                 None => {
@@ -374,8 +451,18 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                     return Ok(ExitCode::SUCCESS);
                 }
             };
+            if interrupted {
+                anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
+            }
             println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
-            match step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels).await {
+            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+            let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
+            if keeper.marks_unsure.replace(false) {
+                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
+                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right; `regrade watch` will");
+                }
+            }
+            match outcome {
                 Outcome::Done => println!("now at {}", step.to),
                 Outcome::Refused(r) => {
                     cluster.record(StepEvent::Refused(&step, &r)).await;
@@ -390,6 +477,30 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             }
         }
     })
+}
+
+/// Drives a step to its end; a SIGINT or SIGTERM meanwhile is noted, not obeyed, so
+/// k3s is never left between levels.
+async fn finish_despite_signals(
+    fut: impl std::future::Future<Output = Outcome>,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+    interrupted: &mut bool,
+) -> Outcome {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            _ = term.recv() => {
+                *interrupted = true;
+                eprintln!("regrade: SIGTERM: finishing the step under way, then stopping");
+            }
+            _ = int.recv() => {
+                *interrupted = true;
+                eprintln!("regrade: interrupted: finishing the step under way, then stopping");
+            }
+        }
+    }
 }
 
 /// The next one-level step towards `target` from `current`; `None` when there.
@@ -421,62 +532,63 @@ fn next_hand_step(current: Level, target: StepTarget, levels: &[Level]) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actuator::dry_run::DryRun;
     use crate::actuator::NodeReadiness;
     use crate::cluster::{Cluster, Refusal};
+    use crate::config::LevelsConfig;
+    use crate::level_record::{Phase, StepInProgress};
     use async_trait::async_trait;
+    use std::cell::RefCell;
+    use std::rc::Rc;
 
-    /// A cluster whose Node carries `label`; nothing else is called at start.
-    struct Labelled(anyhow::Result<Option<Level>>);
+    /// A cluster whose Node carries `label` (or cannot be read: `Err`), that grants
+    /// every step and records the marks it is asked for.
+    #[derive(Clone)]
+    struct Node {
+        label: Rc<RefCell<Result<Option<Level>, String>>>,
+        marked: Rc<RefCell<Vec<Level>>>,
+    }
 
-    #[async_trait(?Send)]
-    impl NodeReadiness for Labelled {
-        async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
-            unreachable!()
+    impl Node {
+        fn new(label: Result<Option<Level>, &str>) -> Node {
+            Node { label: Rc::new(RefCell::new(label.map_err(str::to_string))), marked: Rc::default() }
         }
     }
 
     #[async_trait(?Send)]
-    impl Cluster for Labelled {
+    impl NodeReadiness for Node {
+        async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait(?Send)]
+    impl Cluster for Node {
         async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
-            unreachable!()
+            Ok(())
         }
         async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
-            unreachable!()
+            Ok(())
         }
         async fn hold(&self) -> anyhow::Error {
-            unreachable!()
+            std::future::pending().await
         }
         async fn release(&self) {}
-        async fn mark_node(&self, _: Level, _: &LevelsConfig) -> anyhow::Result<()> {
-            unreachable!()
+        async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
+            if let Err(e) = &*self.label.borrow() {
+                anyhow::bail!("{e}");
+            }
+            self.marked.borrow_mut().push(level);
+            *self.label.borrow_mut() = Ok((level != Level::Full).then_some(level));
+            Ok(())
         }
         async fn node_level(&self) -> anyhow::Result<Option<Level>> {
-            match &self.0 {
-                Ok(l) => Ok(*l),
-                Err(e) => Err(anyhow::anyhow!("{e}")),
-            }
+            self.label.borrow().clone().map_err(|e| anyhow::anyhow!("{e}"))
         }
         async fn record(&self, _: StepEvent<'_>) {}
     }
 
-    fn start(label: anyhow::Result<Option<Level>>, actual: Level) -> (Level, bool) {
-        let backend = Backend { actuator: Box::new(DryRun::new(actual)), cluster: Box::new(Labelled(label)) };
-        runtime().unwrap().block_on(start_level(&backend, &LevelsConfig::default(), actual))
-    }
-
-    #[test]
-    fn after_a_reboot_at_control_plane_the_nodes_label_is_adopted() {
-        // The record says full (a reboot forgot it), the Node says control-plane.
-        assert_eq!(start(Ok(Some(Level::ControlPlane)), Level::Full), (Level::ControlPlane, false));
-        // Agreement, or an unreachable API: the actuator's level, nothing to correct.
-        assert_eq!(start(Ok(None), Level::Full), (Level::Full, false));
-        assert_eq!(start(Ok(Some(Level::EtcdOnly)), Level::EtcdOnly), (Level::EtcdOnly, false));
-        assert_eq!(start(Err(anyhow::anyhow!("503")), Level::Full), (Level::Full, false));
-    }
-
-    /// An actuator whose level the test changes behind the watcher's back.
-    struct Shared(std::rc::Rc<std::cell::Cell<Level>>);
+    /// An actuator whose level (what k3s was started at) the test sets.
+    struct Shared(Rc<std::cell::Cell<Level>>);
 
     #[async_trait(?Send)]
     impl crate::actuator::Actuator for Shared {
@@ -486,47 +598,109 @@ mod tests {
         async fn current_level(&self) -> anyhow::Result<Level> {
             Ok(self.0.get())
         }
-        async fn apply_level(&mut self, _: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
-            unreachable!()
+        async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+            self.0.set(level);
+            Ok(())
         }
     }
 
-    #[test]
-    fn watch_follows_a_hand_step_but_keeps_a_level_adopted_from_the_node() {
-        let dir = tempfile::tempdir().unwrap();
-        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+    fn fixture(dir: &std::path::Path) -> (Config, Sampler) {
+        let (psi, mem) = (dir.join("psi"), dir.join("meminfo"));
         std::fs::write(&psi, "some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n").unwrap();
         std::fs::write(&mem, "MemAvailable: 1000000 kB\n").unwrap();
         let cfg = Config::parse(&format!(
-            "state_file = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n",
-            dir.path().join("state.json")
+            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n",
+            dir.join("state.json"),
+            dir.join("level.json"),
         ))
         .unwrap();
-        let level = std::rc::Rc::new(std::cell::Cell::new(Level::Full));
-        let backend = Backend {
-            actuator: Box::new(Shared(level.clone())),
-            cluster: Box::new(Labelled(Ok(Some(Level::ControlPlane)))),
-        };
-        let sampler = Sampler::open(&psi, &mem).unwrap();
+        (cfg, Sampler::open(&psi, &mem).unwrap())
+    }
+
+    fn record(cfg: &Config, level: Level, step: Option<(Level, Level, Phase)>) {
+        let mut r = LevelRecord::at(level, level_keeper::keys(cfg));
+        r.step = step.map(|(from, to, phase)| StepInProgress { from, to, phase, started: 0 });
+        r.write(&cfg.level_record).unwrap();
+    }
+
+    fn on_disk(cfg: &Config) -> LevelRecord {
+        LevelRecord::read(&cfg.level_record).unwrap().unwrap()
+    }
+
+    /// Was: the API unreachable at start, the core sat at the actuator's `full` and
+    /// nothing read the label again (issue 10, scenario 2). Now the level record on
+    /// disk says control-plane through the reboot, and the marks are reconciled once
+    /// the API answers.
+    #[test]
+    fn after_a_reboot_at_control_plane_with_the_api_unreachable_the_level_holds_and_marks_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::ControlPlane, None);
+        // k3s started from an absent drop-in after the reboot: full's flags.
+        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
+        let node = Node::new(Err("every endpoint timed out"));
+        let backend = Backend { actuator: Box::new(Shared(k3s)), cluster: Box::new(node.clone()) };
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
-            assert_eq!(w.ticker.state.level, Level::ControlPlane, "adopted from the Node after a reboot");
-            w.follow_hand_steps(Duration::from_secs(60)).await;
-            assert_eq!(w.ticker.state.level, Level::ControlPlane, "the actuator did not change: nothing to follow");
-            level.set(Level::EtcdOnly); // `regrade step down` by hand
-            w.follow_hand_steps(Duration::from_secs(120)).await;
-            assert_eq!(w.ticker.state.level, Level::EtcdOnly);
-            assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(120)), "a hand step starts the cooldown");
+            assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record's level, not the actuator's full");
+            assert_eq!(w.pending, Pending::Marks);
+            w.converge(Duration::from_secs(5)).await;
+            assert_eq!(w.pending, Pending::Marks, "still unreachable: retried later");
+            assert!(!w.backoff.due(), "with backoff");
+            // The API answers again, the Node was unlabelled meanwhile by someone.
+            *node.label.borrow_mut() = Ok(None);
+            w.converge(Duration::from_secs(10)).await;
+            assert_eq!(*node.marked.borrow(), [Level::ControlPlane]);
+            assert_eq!(w.pending, Pending::Nothing);
+            assert_eq!(on_disk(&cfg).level, Level::ControlPlane);
+        });
+    }
+
+    /// Was: killed during a step up etcd-only -> control-plane, the etcd-only label was
+    /// "corrected" to full at restart — two levels, without the Lease (issue 10,
+    /// scenario 5). Now the interrupted step is finished, one level, under the Lease.
+    #[test]
+    fn killed_during_a_step_up_the_step_is_finished_not_corrected_to_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::EtcdOnly, Some((Level::EtcdOnly, Level::ControlPlane, Phase::Restarting)));
+        // k3s restarted from the removed drop-in: the hook recorded full.
+        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
+        let node = Node::new(Ok(Some(Level::EtcdOnly)));
+        let backend = Backend { actuator: Box::new(Shared(k3s.clone())), cluster: Box::new(node.clone()) };
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            assert_eq!(w.ticker.state.level, Level::EtcdOnly, "starts from the step's from, never full");
+            let want = Step { direction: crate::decide::Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
+            assert_eq!(w.pending, Pending::Resume(want));
+            assert!(node.marked.borrow().is_empty(), "nothing marked before the step is finished");
+            w.converge(Duration::from_secs(5)).await;
+            assert_eq!(w.ticker.state.level, Level::ControlPlane);
+            assert_eq!(*node.marked.borrow(), [Level::ControlPlane], "marked one level up, not full");
+            let r = on_disk(&cfg);
+            assert_eq!((r.level, r.step), (Level::ControlPlane, None));
+            assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(5)), "the finished step starts the cooldown");
         });
     }
 
     #[test]
-    fn a_label_that_cannot_be_true_is_corrected() {
-        // etcd-only needs other flags than k3s runs with at full: the label is stale.
-        assert_eq!(start(Ok(Some(Level::EtcdOnly)), Level::Full), (Level::Full, true));
-        // k3s runs at control-plane (on record) but the label was removed by hand.
-        assert_eq!(start(Ok(None), Level::ControlPlane), (Level::ControlPlane, true));
-        assert_eq!(start(Ok(Some(Level::ControlPlane)), Level::EtcdOnly), (Level::EtcdOnly, true));
+    fn watch_follows_a_hand_step_by_the_level_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::ControlPlane, None);
+        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
+        let node = Node::new(Ok(Some(Level::ControlPlane)));
+        let backend = Backend { actuator: Box::new(Shared(k3s)), cluster: Box::new(node) };
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            assert_eq!((w.ticker.state.level, &w.pending), (Level::ControlPlane, &Pending::Nothing));
+            w.follow_hand_steps(Duration::from_secs(60));
+            assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record did not change: nothing to follow");
+            record(&cfg, Level::EtcdOnly, None); // `regrade step down` by hand
+            w.follow_hand_steps(Duration::from_secs(120));
+            assert_eq!(w.ticker.state.level, Level::EtcdOnly);
+            assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(120)), "a hand step starts the cooldown");
+        });
     }
 
     const L: &[Level] = &Level::ALL;

@@ -73,8 +73,14 @@ fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
         let down = Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane };
         let up = Step { direction: Direction::Up, from: Level::ControlPlane, to: Level::Full };
         c.preflight(&down).await.unwrap();
+        // The level record in memory only (it is not what this test is about).
+        let keeper = regrade::level_keeper::Keeper::new(
+            None,
+            regrade::level_record::LevelRecord::at(Level::Full, Default::default()),
+            Default::default(),
+        );
         for s in [&down, &up] {
-            match step::run(s, &mut k3s, &c, &levels).await {
+            match step::run(s, &mut k3s, &c, &levels, &keeper).await {
                 Outcome::Done => {}
                 other => panic!("{s:?}: {other:?}"),
             }

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use crate::level::Level;
+use crate::level_record::Phase;
 
 #[cfg(feature = "docker")]
 pub mod docker;
@@ -20,6 +21,11 @@ pub mod systemd;
 #[async_trait(?Send)]
 pub trait NodeReadiness {
     async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()>;
+
+    /// The actuator is about to have `phase`'s effect (write its file, restart k3s,
+    /// restore after a failure): the step runner records it in the level record
+    /// first, so a crash right after is judged by it (docs/level-record.md).
+    fn progress(&self, _phase: Phase) {}
 }
 
 #[async_trait(?Send)]
@@ -47,5 +53,27 @@ pub trait Actuator {
     /// documents. Does nothing when there is none.
     async fn reconcile(&mut self, _readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
         Ok(())
+    }
+
+    /// What the actuator's own files say, for the level record's convergence: the
+    /// level whose k3s flags its file holds (`None`: something regrade did not write),
+    /// and the level k3s was started at (`None`: not since boot).
+    async fn observe(&self) -> anyhow::Result<(Option<Level>, Option<Level>)> {
+        let l = self.current_level().await?;
+        Ok((Some(l), Some(l)))
+    }
+
+    /// Makes the actuator's file hold `level`'s flags without restarting k3s, which
+    /// runs with them already (a rolled-back step, an edited file).
+    async fn rewrite(&mut self, _level: Level) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Finishes a step from `from` to `to` that a process killed meanwhile began and
+    /// got as far as restarting k3s for: k3s may run at `to` already, or be
+    /// restarting into it. Returns once k3s serves at `to`; on failure, as
+    /// [`Actuator::apply_level`], `from` is put back.
+    async fn resume(&mut self, _from: Level, to: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        self.apply_level(to, readiness).await
     }
 }

@@ -26,7 +26,9 @@ use serde::{Deserialize, Serialize};
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
 use crate::config::{Config, HumanDuration, LevelsConfig};
+use crate::kill_point;
 use crate::level::Level;
+use crate::level_record::{LevelRecord, Phase};
 use crate::units::format_duration;
 
 pub use dropin::Dropin;
@@ -113,13 +115,17 @@ impl SystemdActuator {
     /// Restarts the unit and waits until a new process runs, etcd is healthy and,
     /// where `level` runs the agent, the Node is Ready on a heartbeat newer than the
     /// restart. Never waits on the restart job itself.
-    async fn restart_into(&self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+    async fn restart_into(&self, level: Level, readiness: &dyn NodeReadiness, report: bool) -> anyhow::Result<()> {
         let unit = &self.cfg.unit;
         let timeout = self.cfg.health_timeout.0;
         let systemd = dbus::Systemd::connect(unit).await?;
         let before = systemd.state().await?;
         let deadline = Instant::now() + timeout;
+        if report {
+            readiness.progress(Phase::Restarting);
+        }
         systemd.restart().await?;
+        kill_point::reached("after-restart-request");
         tracing::info!(unit = %unit, level = %level, "restarted k3s; waiting for a new process and etcd's health");
         // The new run's InvocationID and when it was first seen. The readiness wait
         // counts from then, not from RestartUnit: the old kubelet renews its node Lease
@@ -132,6 +138,7 @@ impl SystemdActuator {
             let state = systemd.state().await?;
             if started.is_none() && !state.invocation.is_empty() && state.invocation != before.invocation {
                 started = Some((state.invocation.clone(), SystemTime::now()));
+                kill_point::reached("health-wait");
             }
             if let Some((invocation, since)) = &started {
                 if state.start_failed() || state.invocation != *invocation {
@@ -159,6 +166,13 @@ impl SystemdActuator {
             tokio::time::sleep(POLL).await;
         };
         tracing::info!(unit = %unit, level = %level, url = %self.health, "etcd is healthy after the restart");
+        self.serving(level, since, readiness).await
+    }
+
+    /// After etcd is healthy at `level`: the start record settled, and, where the
+    /// agent runs, the Node Ready on a heartbeat newer than `since`.
+    async fn serving(&self, level: Level, since: SystemTime, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let unit = &self.cfg.unit;
         self.settle_record(level)?;
         if self.levels.runs_agent(level) {
             let ready = self.cfg.ready_timeout.0;
@@ -197,6 +211,30 @@ impl SystemdActuator {
         record::write(&self.cfg.record, level)
     }
 
+    /// Writes `level`'s drop-in and restarts k3s into it; on failure puts `previous`
+    /// back and restarts into `from`.
+    async fn write_and_restart(
+        &self,
+        from: Level,
+        level: Level,
+        previous: Option<Vec<u8>>,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        readiness.progress(Phase::Writing);
+        // A failed write leaves the old file whole (see dropin::put): nothing to undo.
+        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes))
+            .with_context(|| format!("stepping k3s from {from} to {level}: nothing was changed"))?;
+        kill_point::reached("after-dropin");
+        match self.restart_into(level, readiness, true).await {
+            Ok(()) => Ok(()),
+            Err(failure) => {
+                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %level, "step failed; restoring");
+                let restored = self.restore(previous.as_deref(), from, readiness).await;
+                Err(anyhow!("stepping k3s from {from} to {level} failed: {failure:#}; {restored}"))
+            }
+        }
+    }
+
     /// Puts the drop-in back as it was and restarts into `level`; says what it did.
     async fn restore(&self, previous: Option<&[u8]>, level: Level, readiness: &dyn NodeReadiness) -> String {
         let path = self.cfg.dropin.display();
@@ -204,10 +242,11 @@ impl SystemdActuator {
             Some(_) => format!("put the previous drop-in {path} back"),
             None => format!("removed the drop-in {path} again"),
         };
+        readiness.progress(Phase::Restoring);
         if let Err(e) = dropin::put(&self.cfg.dropin, previous) {
             return format!("could NOT restore the drop-in of level {level}: {e:#}; k3s will start with the new one");
         }
-        match self.restart_into(level, readiness).await {
+        match self.restart_into(level, readiness, false).await {
             Ok(()) => format!("{what} and restarted {} at level {level}, which serves again", self.cfg.unit),
             Err(e) => format!("{what} and restarted {} at level {level}, but that failed too: {e:#}", self.cfg.unit),
         }
@@ -237,15 +276,65 @@ impl Actuator for SystemdActuator {
             return record::write(&self.cfg.record, level);
         }
         let previous = dropin::snapshot(&self.cfg.dropin)?;
-        // A failed write leaves the old file whole (see dropin::put): nothing to undo.
-        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes))
-            .with_context(|| format!("stepping k3s from {from} to {level}: nothing was changed"))?;
-        match self.restart_into(level, readiness).await {
+        self.write_and_restart(from, level, previous, readiness).await
+    }
+
+    async fn observe(&self) -> anyhow::Result<(Option<Level>, Option<Level>)> {
+        let file = match self.dropin()? {
+            Dropin::Absent => Some(Level::Full),
+            Dropin::Level(l) => Some(l),
+            Dropin::Edited { .. } => None,
+        };
+        Ok((file, record::read(&self.cfg.record)?))
+    }
+
+    /// The drop-in for `level`, and the start record too where k3s runs `level`'s
+    /// flags already (so `current_level()` says `level`, e.g. control-plane rather
+    /// than full after a reboot).
+    async fn rewrite(&mut self, level: Level) -> anyhow::Result<()> {
+        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes))?;
+        match record::read(&self.cfg.record)? {
+            Some(r) if r != level && !self.levels.needs_restart(r, level) => record::write(&self.cfg.record, level),
+            _ => Ok(()),
+        }
+    }
+
+    /// k3s already started with `to`'s flags (the restart was asked for before the
+    /// kill): wait for it to serve, with a heartbeat newer than now. Otherwise the
+    /// drop-in for `to` is written and k3s restarted, as a step does. Either way a
+    /// failure puts `from`'s drop-in back and restarts into it.
+    async fn resume(&mut self, from: Level, to: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        if !self.levels.needs_restart(from, to) {
+            return record::write(&self.cfg.record, to);
+        }
+        let previous = self.dropin_for(from).map(String::into_bytes);
+        let started = record::read(&self.cfg.record)?;
+        if started.is_none_or(|s| self.levels.needs_restart(s, to)) {
+            tracing::info!(from = %from, to = %to, "k3s was not restarted with the level's flags yet: restarting it");
+            return self.write_and_restart(from, to, previous, readiness).await;
+        }
+        let deadline = Instant::now() + self.cfg.health_timeout.0;
+        let waited = async {
+            let since = SystemTime::now();
+            while let Err(e) = self.health.check().await {
+                if Instant::now() >= deadline {
+                    bail!(
+                        "etcd at {} was not healthy within systemd.health_timeout = {} of resuming the step to {to}                          (last answer: {e:#})",
+                        self.health,
+                        format_duration(self.cfg.health_timeout.0)
+                    );
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            tracing::info!(level = %to, url = %self.health, "etcd is healthy at the level of the interrupted step");
+            self.serving(to, since, readiness).await
+        };
+        match waited.await {
             Ok(()) => Ok(()),
             Err(failure) => {
-                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %level, "step failed; restoring");
+                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "resumed step failed; restoring");
                 let restored = self.restore(previous.as_deref(), from, readiness).await;
-                Err(anyhow!("stepping k3s from {from} to {level} failed: {failure:#}; {restored}"))
+                Err(anyhow!("stepping k3s from {from} to {to} failed: {failure:#}; {restored}"))
             }
         }
     }
@@ -315,10 +404,26 @@ pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
             Level::Full
         }
     };
-    // A level with the same flags as the one on record (e.g. control-plane, reached
-    // without a restart) survives a restart of k3s: k3s runs the same either way.
-    let level = match record::read(&sd.record) {
-        Ok(Some(prev)) if !cfg.levels.needs_restart(prev, started) => prev,
+    // The level regrade holds the server at, if k3s starts with its flags: after a
+    // reboot at control-plane the drop-in is absent (full's flags) and /run is empty,
+    // but the level record on disk says control-plane. During a step, its `to` or
+    // `from`, whichever k3s starts with.
+    let held = match LevelRecord::read(&cfg.level_record) {
+        Ok(Some(r)) => {
+            let candidates = [Some(r.level), r.step.as_ref().map(|s| s.to), r.step.as_ref().map(|s| s.from)];
+            candidates.into_iter().flatten().find(|l| !cfg.levels.needs_restart(*l, started))
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the level record; recording the drop-in's level");
+            None
+        }
+    };
+    // Else a level with the same flags as the one on record (e.g. control-plane,
+    // reached without a restart) survives a restart of k3s: k3s runs the same either way.
+    let level = match (held, record::read(&sd.record)) {
+        (Some(l), _) => l,
+        (None, Ok(Some(prev))) if !cfg.levels.needs_restart(prev, started) => prev,
         _ => started,
     };
     match record::write(&sd.record, level) {
