@@ -88,6 +88,7 @@ fn idle_watch_makes_no_api_requests() {
             format!(
                 r#"
 state_file = "{state}"
+level_record = "{level_record}"
 [pressure]
 sample_period = "{PERIOD_MS}ms"
 sustain = "1s"
@@ -107,6 +108,7 @@ record = "{record}"
                 kc = kubeconfig.display(),
                 cache = tmp.path().join("endpoints").display(),
                 record = tmp.path().join("started-level").display(),
+                level_record = tmp.path().join("level.json").display(),
             ),
         )
         .unwrap();
