@@ -60,7 +60,7 @@ fn a_lost_reply_to_the_node_patch_converges() {
             "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nthreshold = 40\ncalm_threshold = 10\n\
              mem_available_floor = \"none\"\nsample_period = \"200ms\"\nsustain = \"600ms\"\ncooldown = \"1s\"\n\
              source = {:?}\nmeminfo = {:?}\n[cluster]\nkubeconfig = {kubeconfig:?}\nnode_name = {NODE:?}\n\
-             lease_name = \"regrade-lost\"\nlease_duration = \"3s\"\nrequest_timeout = \"2s\"\n\
+             lease_name = \"regrade\"\nlease_duration = \"3s\"\nrequest_timeout = \"2s\"\n\
              endpoints_cache = {:?}\n[systemd]\ndropin = {:?}\nrecord = {:?}\n",
             d.join("state.json"),
             d.join("level.json"),
