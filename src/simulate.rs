@@ -1,6 +1,6 @@
 //! `simulate` replays a trace through the decision core; `record` writes such a trace
-//! from the live files (README, "Simulate and record"). The CSV columns and the JSON
-//! lines are a contract.
+//! from the live files (README, "Commands"; docs/behaviour.md, "Decision rules"). The
+//! CSV columns and the JSON lines are a contract.
 
 use std::io::{BufRead, Write};
 use std::path::Path;
