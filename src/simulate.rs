@@ -153,6 +153,7 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
     let mut out = out.lock();
     writeln!(out, "{}", COLUMNS.join(","))?;
     out.flush()?;
+    // `record` runs no async runtime: std's clock and a blocking sleep serve it.
     let start = Instant::now();
     let mut n = 0u64;
     while count.is_none_or(|c| n < c) {
