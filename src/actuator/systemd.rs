@@ -1,4 +1,4 @@
-//! The systemd actuator (SPEC §5), the default: a level's k3s flags live in one k3s
+//! The systemd actuator (docs/behaviour.md, "Actuators"), the default: a level's k3s flags live in one k3s
 //! config drop-in; a change of flags restarts `k3s.service` over systemd's D-Bus API;
 //! an `ExecStartPre` hook (`regrade record-start`) records the level k3s started at.
 //!
@@ -17,19 +17,20 @@ pub mod record;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, bail, Context};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
-use crate::config::{Config, HumanDuration, LevelsConfig};
 use crate::kill_point;
 use crate::level::Level;
 use crate::level_record::{LevelRecord, Phase};
-use crate::units::format_duration;
+use crate::levels::LevelsConfig;
+use crate::units::{format_duration, HumanDuration};
 
 pub use dropin::Dropin;
 
@@ -95,11 +96,11 @@ pub struct SystemdActuator {
 }
 
 impl SystemdActuator {
-    pub fn new(cfg: &Config) -> anyhow::Result<SystemdActuator> {
+    pub fn new(cfg: &SystemdConfig, levels: &LevelsConfig) -> anyhow::Result<SystemdActuator> {
         Ok(SystemdActuator {
-            cfg: cfg.systemd.clone(),
-            levels: cfg.levels.clone(),
-            health: HealthUrl::parse("systemd.etcd_health_url", &cfg.systemd.etcd_health_url)?,
+            cfg: cfg.clone(),
+            levels: levels.clone(),
+            health: HealthUrl::parse("systemd.etcd_health_url", &cfg.etcd_health_url)?,
         })
     }
 
@@ -385,10 +386,13 @@ impl Actuator for SystemdActuator {
 /// `regrade record-start`, the `ExecStartPre` hook of k3s.service: records the level
 /// k3s is being started at. It never fails the start: an unreadable drop-in is
 /// recorded as `full`, and a record it cannot write is logged.
-pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
-    let sd = &cfg.systemd;
+pub fn record_start(
+    sd: &SystemdConfig,
+    levels: &LevelsConfig,
+    level_record: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
     let path = sd.dropin.display();
-    let started = match dropin::read(&sd.dropin, &cfg.levels) {
+    let started = match dropin::read(&sd.dropin, levels) {
         Ok(Dropin::Absent) => Level::Full,
         Ok(Dropin::Level(l)) => l,
         Ok(Dropin::Edited { claimed: Some(l) }) => {
@@ -408,10 +412,10 @@ pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
     // reboot at control-plane the drop-in is absent (full's flags) and /run is empty,
     // but the level record on disk says control-plane. During a step, its `to` or
     // `from`, whichever k3s starts with.
-    let held = match LevelRecord::read(&cfg.level_record) {
+    let held = match LevelRecord::read(level_record) {
         Ok(Some(r)) => {
             let candidates = [Some(r.level), r.step.as_ref().map(|s| s.to), r.step.as_ref().map(|s| s.from)];
-            candidates.into_iter().flatten().find(|l| !cfg.levels.needs_restart(*l, started))
+            candidates.into_iter().flatten().find(|l| !levels.needs_restart(*l, started))
         }
         Ok(None) => None,
         Err(e) => {
@@ -423,7 +427,7 @@ pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
     // reached without a restart) survives a restart of k3s: k3s runs the same either way.
     let level = match (held, record::read(&sd.record)) {
         (Some(l), _) => l,
-        (None, Ok(Some(prev))) if !cfg.levels.needs_restart(prev, started) => prev,
+        (None, Ok(Some(prev))) if !levels.needs_restart(prev, started) => prev,
         _ => started,
     };
     match record::write(&sd.record, level) {

@@ -1,193 +1,64 @@
-//! `watch`, the daemon, and `step`, by hand: the loop at the edge that feeds samples
-//! to the core and runs the steps it proposes.
+//! `watch`, the daemon: the loop at the edge that feeds samples to the core and runs
+//! the steps it proposes. The per-sample work is [`ticker`]; where the core starts
+//! from is the level record ([`crate::level_keeper::start`]); a step is `step::run`;
+//! a step by hand is `hand`.
+//!
+//! The loop's clock is tokio's (`tokio::time::Instant`, `interval`), so a test with
+//! paused time drives it (`watch_follows_a_hand_step_on_tokios_clock` below).
 
-use std::path::PathBuf;
+pub mod ticker;
+
+use std::future::Future;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::backend::{self, Backend};
-use crate::cli::StepTarget;
 use crate::cluster::StepEvent;
 use crate::config::Config;
-use crate::decide::{Direction, Settings, State, Step};
+use crate::decide::Step;
 use crate::level::Level;
 use crate::level_keeper::{self, Backoff, Keeper, Pending};
 use crate::level_record::LevelRecord;
-use crate::notify::Notifier;
-use crate::pressure::{SampleError, Sampler};
-use crate::statefile::{self, LastStep, Published, PublishedRefusal};
+use crate::pressure::Sampler;
+use crate::runtime::{lock_memory, runtime};
 use crate::step::{self, Outcome};
+pub use ticker::Ticker;
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    // One thread is plenty: one sample at a time, one step at a time.
-    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+/// Whether `watch` acts, or only decides and logs (`--dry-run`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The real actuator and cluster.
+    Act,
+    /// Touch neither k3s nor the cluster, and publish no state.
+    DryRun,
 }
 
-/// Locks the daemon's memory so a thrashing host cannot page it out. `MCL_ONFAULT`
-/// locks pages as they are touched, so code never run (most of the binary) costs nothing.
-fn lock_memory() {
-    let flags = libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT;
-    // SAFETY: mlockall takes flags only and changes no Rust-visible state.
-    if unsafe { libc::mlockall(flags) } != 0 {
-        let e = std::io::Error::last_os_error();
-        tracing::warn!(error = %e, "could not lock memory (mlockall); going on unlocked (needs CAP_IPC_LOCK)");
-    }
-}
-
-pub fn run(cfg: &Config, dry_run: bool) -> anyhow::Result<ExitCode> {
-    // Open the files first: no PSI means stop at once (SPEC §3).
+pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
+    // Open the files first: no PSI means stop at once (docs/behaviour.md, "Pressure").
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
     lock_memory();
     runtime()?.block_on(async {
-        let backend = if dry_run { backend::dry_run(cfg).await } else { backend::real(cfg).await? };
-        Watcher::new(cfg, backend, sampler, dry_run).await?.run().await
-    })
-}
-
-/// The per-sample work: sample, classify, update the core, tell systemd, publish the
-/// state when it changed. Allocates nothing on a sample that proposes no step.
-pub struct Ticker {
-    sampler: Sampler,
-    settings: Settings,
-    levels: Vec<Level>,
-    pub state: State,
-    notifier: Notifier,
-    published: Published,
-    /// `None` in a dry run: it must not overwrite the state a real `watch` publishes.
-    state_file: Option<PathBuf>,
-    /// Samples that parsed; READY waits for the first.
-    pub good_samples: u64,
-    /// Set when a step ran or was refused, so the next publish writes the file.
-    dirty: bool,
-    wall_origin: SystemTime,
-}
-
-impl Ticker {
-    pub fn new(cfg: &Config, sampler: Sampler, levels: Vec<Level>, level: Level, dry_run: bool) -> Ticker {
-        Ticker {
-            sampler,
-            settings: Settings::from_config(cfg),
-            levels,
-            state: State::new(level),
-            notifier: Notifier::from_env(),
-            published: Published { pid: std::process::id(), dry_run, ..Default::default() },
-            state_file: (!dry_run).then(|| cfg.state_file.clone()),
-            good_samples: 0,
-            dirty: true,
-            wall_origin: SystemTime::now(),
-        }
-    }
-
-    /// One sample at `t` (time since the watcher started). Returns the step the core
-    /// proposes; a fatal error (no PSI) ends `watch`.
-    pub fn tick(&mut self, t: Duration) -> Result<Option<Step>, SampleError> {
-        let sample = match self.sampler.sample() {
-            Ok(s) => s,
-            Err(e) if e.is_fatal() => return Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, "sample failed; trying again next period");
-                return Ok(None);
-            }
+        let backend = match mode {
+            Mode::DryRun => backend::dry_run(cfg).await,
+            Mode::Act => backend::real(cfg).await?,
         };
-        self.good_samples += 1;
-        let reading = self.settings.classify(&sample);
-        let pressure = sample.metric(self.settings.metric);
-        let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
-        if proposed.is_none() && self.published.refusal.is_some() {
-            // Nothing is being refused any more (the streak ended or the step ran).
-            self.published.refusal = None;
-            self.dirty = true;
-        }
-        self.notifier.status(format_args!(
-            "level {}, {} {:.2}%, MemAvailable {} MiB",
-            self.state.level,
-            self.settings.metric.as_str(),
-            pressure,
-            sample.mem_available >> 20
-        ));
-        self.notifier.watchdog();
-        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
-        if let Some(step) = &proposed {
-            tracing::info!(
-                level = %step.from, to = %step.to, pressure, available = sample.mem_available,
-                decision = step.direction.action(), "stepping"
-            );
-        }
-        self.publish();
-        Ok(proposed)
-    }
-
-    /// Feeds a step's outcome back to the core and the published state. Returns true
-    /// for a refusal whose reason is new, which is worth an Event.
-    fn settle(&mut self, t: Duration, step: &Step, outcome: &Outcome) -> bool {
-        let now = statefile::unix(SystemTime::now());
-        let level = match outcome {
-            Outcome::Refused(r) => {
-                // Logged and recorded as an Event only when the reason changes.
-                // By (kind, subject): the message carries ages that change every sample.
-                let changed =
-                    self.published.refusal.as_ref().is_none_or(|p| p.kind != r.kind || p.subject != r.subject);
-                if !changed {
-                    return false;
+        let mut watcher = Watcher::new(cfg, backend, sampler, mode).await?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        watcher
+            .run_until(async {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
-                tracing::warn!(kind = r.kind, reason = %r.message, decision = step.direction.action(), "step refused");
-                self.published.refusal = Some(PublishedRefusal {
-                    since: now,
-                    kind: r.kind.to_string(),
-                    subject: r.subject.clone(),
-                    message: r.message.clone(),
-                });
-                self.dirty = true;
-                self.publish();
-                return true;
-            }
-            Outcome::Done => {
-                tracing::info!(level = %step.to, decision = step.direction.action(), "step done");
-                step.to
-            }
-            Outcome::Failed { level, error } => {
-                tracing::error!(level = %level, error = %format!("{error:#}"), decision = step.direction.action(), "step failed");
-                *level
-            }
-        };
-        self.state.step_ran(t, level);
-        self.published.refusal = None;
-        self.published.last_step = Some(LastStep {
-            at: statefile::unix(self.wall_origin + t),
-            action: step.direction.action().to_string(),
-            from: step.from,
-            to: step.to,
-            result: match outcome {
-                Outcome::Failed { error, .. } => format!("failed: {error:#}"),
-                _ => "done".to_string(),
-            },
-        });
-        self.dirty = true;
-        self.publish();
-        false
-    }
-
-    /// Makes the next publish write the state file.
-    fn mark_dirty(&mut self) {
-        self.dirty = true;
-        self.publish();
-    }
-
-    /// Writes the state file when it changed (never on an unchanged calm sample).
-    fn publish(&mut self) {
-        let changed = self.published.set_state(&self.state, self.wall_origin);
-        if changed || self.dirty {
-            self.dirty = false;
-            let Some(path) = &self.state_file else { return };
-            if let Err(e) = self.published.write(path) {
-                tracing::warn!(error = %e, path = %path.display(), "could not write the state file");
-            }
-        }
-    }
+            })
+            .await?;
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 struct Watcher<'a> {
@@ -195,7 +66,7 @@ struct Watcher<'a> {
     backend: Backend,
     ticker: Ticker,
     origin: Instant,
-    dry_run: bool,
+    mode: Mode,
     /// The level record (docs/level-record.md): the level held, a step under way.
     keeper: Keeper,
     /// What the start-up decision, or a step, left to do: the Node's marks to put
@@ -212,12 +83,8 @@ struct Watcher<'a> {
 const LEVEL_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 impl<'a> Watcher<'a> {
-    async fn new(
-        cfg: &'a Config,
-        mut backend: Backend,
-        sampler: Sampler,
-        dry_run: bool,
-    ) -> anyhow::Result<Watcher<'a>> {
+    async fn new(cfg: &'a Config, mut backend: Backend, sampler: Sampler, mode: Mode) -> anyhow::Result<Watcher<'a>> {
+        let dry_run = mode == Mode::DryRun;
         let levels = backend.actuator.levels().to_vec();
         let (keeper, pending) = if dry_run {
             let level = backend.actuator.current_level().await.context("reading the current level")?;
@@ -240,13 +107,13 @@ impl<'a> Watcher<'a> {
             _ => keeper.level(),
         };
         tracing::info!(level = %level, dry_run, "regrade watch starting");
-        let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
+        let ticker = Ticker::new(cfg, sampler, levels, level, mode);
         Ok(Watcher {
             cfg,
             backend,
             ticker,
             origin: Instant::now(),
-            dry_run,
+            mode,
             keeper,
             pending,
             backoff: Backoff::now(),
@@ -254,17 +121,16 @@ impl<'a> Watcher<'a> {
         })
     }
 
-    async fn run(mut self) -> anyhow::Result<ExitCode> {
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
+    /// Samples every `pressure.sample_period` until `shutdown` completes (a signal).
+    async fn run_until(&mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        tokio::pin!(shutdown);
         let mut ticks = tokio::time::interval(self.cfg.pressure.sample_period.0);
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut ready = false;
         loop {
             tokio::select! {
                 _ = ticks.tick() => {}
-                _ = term.recv() => break,
-                _ = int.recv() => break,
+                _ = &mut shutdown => break,
             }
             let t = self.origin.elapsed();
             let proposed = self.ticker.tick(t)?;
@@ -273,7 +139,7 @@ impl<'a> Watcher<'a> {
                 self.ticker.notifier.ready();
                 ready = true;
             }
-            if !self.dry_run {
+            if self.mode == Mode::Act {
                 if proposed.is_some() || self.level_checked.elapsed() >= LEVEL_CHECK_EVERY {
                     self.follow_hand_steps(t);
                 }
@@ -298,7 +164,7 @@ impl<'a> Watcher<'a> {
         }
         self.ticker.notifier.stopping();
         tracing::info!("regrade watch stopping");
-        Ok(ExitCode::SUCCESS)
+        Ok(())
     }
 
     /// After a step: marks whose outcome at the API is unknown, or that a failed step
@@ -407,138 +273,18 @@ impl<'a> Watcher<'a> {
     }
 }
 
-/// `regrade step up|down|to LEVEL`: the same Lease and peer check, never reads PSI.
-/// It meets the level record first as `watch` does (an interrupted step is finished
-/// first, a changed key refused), and handles SIGINT/SIGTERM as `watch` does: the
-/// step under way is finished (or fails and is undone), then it stops.
-pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
-    runtime()?.block_on(async {
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let Backend { mut actuator, cluster } = backend::real(cfg).await?;
-        let levels = actuator.levels().to_vec();
-        let marks = level_keeper::read_marks(cluster.as_ref()).await;
-        let st = level_keeper::start(cfg, actuator.as_mut(), marks).await?;
-        let keeper = st.keeper;
-        let mut interrupted = false;
-        match st.pending {
-            Pending::Nothing | Pending::Adopt => {}
-            Pending::Marks => {
-                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
-                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right");
-                }
-            }
-            Pending::Resume(step) => {
-                println!("finishing the interrupted step {} -> {} ...", step.from, step.to);
-                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
-                match finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await {
-                    Outcome::Done => println!("now at {}", step.to),
-                    Outcome::Refused(r) => {
-                        anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
-                    }
-                    Outcome::Failed { level, error } => {
-                        anyhow::bail!("finishing the interrupted step failed, k3s is at {level}: {error:#}")
-                    }
-                }
-            }
-        }
-        loop {
-            let current = keeper.level();
-            let step = match next_hand_step(current, target, &levels)? {
-                Some(step) => step,
-                None => {
-                    println!("at {current}");
-                    return Ok(ExitCode::SUCCESS);
-                }
-            };
-            if interrupted {
-                anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
-            }
-            println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
-            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
-            let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
-            if keeper.marks_unsure.replace(false) {
-                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
-                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right; `regrade watch` will");
-                }
-            }
-            match outcome {
-                Outcome::Done => println!("now at {}", step.to),
-                Outcome::Refused(r) => {
-                    cluster.record(StepEvent::Refused(&step, &r)).await;
-                    anyhow::bail!("refused: {r}");
-                }
-                Outcome::Failed { level, error } => {
-                    anyhow::bail!("{} failed, k3s is at {level}: {error:#}", step.direction.action())
-                }
-            }
-            if !matches!(target, StepTarget::To { .. }) {
-                return Ok(ExitCode::SUCCESS);
-            }
-        }
-    })
-}
-
-/// Drives a step to its end; a SIGINT or SIGTERM meanwhile is noted, not obeyed, so
-/// k3s is never left between levels.
-async fn finish_despite_signals(
-    fut: impl std::future::Future<Output = Outcome>,
-    term: &mut tokio::signal::unix::Signal,
-    int: &mut tokio::signal::unix::Signal,
-    interrupted: &mut bool,
-) -> Outcome {
-    tokio::pin!(fut);
-    loop {
-        tokio::select! {
-            out = &mut fut => return out,
-            _ = term.recv() => {
-                *interrupted = true;
-                eprintln!("regrade: SIGTERM: finishing the step under way, then stopping");
-            }
-            _ = int.recv() => {
-                *interrupted = true;
-                eprintln!("regrade: interrupted: finishing the step under way, then stopping");
-            }
-        }
-    }
-}
-
-/// The next one-level step towards `target` from `current`; `None` when there.
-fn next_hand_step(current: Level, target: StepTarget, levels: &[Level]) -> anyhow::Result<Option<Step>> {
-    let direction = match target {
-        StepTarget::Down => Direction::Down,
-        StepTarget::Up => Direction::Up,
-        StepTarget::To { level } => {
-            let (Some(c), Some(l)) = (current.index_in(levels), level.index_in(levels)) else {
-                anyhow::bail!("this actuator does not support level {level}");
-            };
-            match l.cmp(&c) {
-                std::cmp::Ordering::Equal => return Ok(None),
-                std::cmp::Ordering::Greater => Direction::Down,
-                std::cmp::Ordering::Less => Direction::Up,
-            }
-        }
-    };
-    match Step::from_level(current, direction, levels) {
-        Some(s) => Ok(Some(s)),
-        None if matches!(target, StepTarget::To { .. }) => Ok(None),
-        None => anyhow::bail!(
-            "already at {current}: there is no level {}",
-            if direction == Direction::Down { "below" } else { "above" }
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::actuator::NodeReadiness;
     use crate::cluster::{Cluster, Refusal};
-    use crate::config::LevelsConfig;
     use crate::level_record::{Phase, StepInProgress};
+    use crate::levels::LevelsConfig;
+    use crate::runtime::runtime;
     use async_trait::async_trait;
     use std::cell::RefCell;
     use std::rc::Rc;
+    use std::time::SystemTime;
 
     /// A cluster whose Node carries `label` (or cannot be read: `Err`), that grants
     /// every step and records the marks it is asked for.
@@ -641,7 +387,7 @@ mod tests {
         let node = Node::new(Err("every endpoint timed out"));
         let backend = Backend { actuator: Box::new(Shared(k3s)), cluster: Box::new(node.clone()) };
         runtime().unwrap().block_on(async {
-            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record's level, not the actuator's full");
             assert_eq!(w.pending, Pending::Marks);
             w.converge(Duration::from_secs(5)).await;
@@ -669,7 +415,7 @@ mod tests {
         let node = Node::new(Ok(Some(Level::EtcdOnly)));
         let backend = Backend { actuator: Box::new(Shared(k3s.clone())), cluster: Box::new(node.clone()) };
         runtime().unwrap().block_on(async {
-            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!(w.ticker.state.level, Level::EtcdOnly, "starts from the step's from, never full");
             let want = Step { direction: crate::decide::Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
             assert_eq!(w.pending, Pending::Resume(want));
@@ -692,7 +438,7 @@ mod tests {
         let node = Node::new(Ok(Some(Level::ControlPlane)));
         let backend = Backend { actuator: Box::new(Shared(k3s)), cluster: Box::new(node) };
         runtime().unwrap().block_on(async {
-            let mut w = Watcher::new(&cfg, backend, sampler, false).await.unwrap();
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!((w.ticker.state.level, &w.pending), (Level::ControlPlane, &Pending::Nothing));
             w.follow_hand_steps(Duration::from_secs(60));
             assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record did not change: nothing to follow");
@@ -701,19 +447,5 @@ mod tests {
             assert_eq!(w.ticker.state.level, Level::EtcdOnly);
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(120)), "a hand step starts the cooldown");
         });
-    }
-
-    const L: &[Level] = &Level::ALL;
-
-    #[test]
-    fn hand_steps_go_one_level_at_a_time() {
-        let s = next_hand_step(Level::Full, StepTarget::To { level: Level::EtcdOnly }, L).unwrap().unwrap();
-        assert_eq!((s.from, s.to), (Level::Full, Level::ControlPlane));
-        let s = next_hand_step(Level::EtcdOnly, StepTarget::To { level: Level::Full }, L).unwrap().unwrap();
-        assert_eq!((s.direction, s.to), (Direction::Up, Level::ControlPlane));
-        assert!(next_hand_step(Level::Full, StepTarget::To { level: Level::Full }, L).unwrap().is_none());
-        assert!(next_hand_step(Level::Full, StepTarget::Up, L).is_err());
-        assert!(next_hand_step(Level::EtcdOnly, StepTarget::Down, L).is_err());
-        assert_eq!(next_hand_step(Level::ControlPlane, StepTarget::Up, L).unwrap().unwrap().to, Level::Full);
     }
 }

@@ -1,0 +1,169 @@
+//! `regrade step up|down|to LEVEL`: a step by hand. It takes the same Lease and peer
+//! check as an automatic step and never reads pressure. The planner
+//! ([`next_hand_step`]) is pure; `watch` notices a hand step by the actuator's level.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use crate::backend::{self, Backend};
+use crate::cluster::StepEvent;
+use crate::config::Config;
+use crate::decide::{Direction, Step};
+use crate::level::Level;
+use crate::level_keeper::{self, Pending};
+use crate::runtime::runtime;
+use crate::step::{self, Outcome};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Where a hand step goes. The command line (`cli`) uses it as its subcommand.
+#[derive(Subcommand, Debug, Clone, Copy)]
+pub enum StepTarget {
+    /// One level down.
+    Down,
+    /// One level up.
+    Up,
+    /// To LEVEL, one level at a time.
+    To { level: Level },
+}
+
+/// `regrade step up|down|to LEVEL`: the same Lease and peer check, never reads PSI.
+/// It meets the level record first as `watch` does (an interrupted step is finished
+/// first, a changed key refused), and handles SIGINT/SIGTERM as `watch` does: the
+/// step under way is finished (or fails and is undone), then it stops.
+pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let Backend { mut actuator, cluster } = backend::real(cfg).await?;
+        let levels = actuator.levels().to_vec();
+        let marks = level_keeper::read_marks(cluster.as_ref()).await;
+        let st = level_keeper::start(cfg, actuator.as_mut(), marks).await?;
+        let keeper = st.keeper;
+        let mut interrupted = false;
+        match st.pending {
+            Pending::Nothing | Pending::Adopt => {}
+            Pending::Marks => {
+                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
+                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right");
+                }
+            }
+            Pending::Resume(step) => {
+                println!("finishing the interrupted step {} -> {} ...", step.from, step.to);
+                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+                match finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await {
+                    Outcome::Done => println!("now at {}", step.to),
+                    Outcome::Refused(r) => {
+                        anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
+                    }
+                    Outcome::Failed { level, error } => {
+                        anyhow::bail!("finishing the interrupted step failed, k3s is at {level}: {error:#}")
+                    }
+                }
+            }
+        }
+        loop {
+            let current = keeper.level();
+            let step = match next_hand_step(current, target, &levels)? {
+                Some(step) => step,
+                None => {
+                    println!("at {current}");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            };
+            if interrupted {
+                anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
+            }
+            println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
+            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+            let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
+            if keeper.marks_unsure.replace(false) {
+                if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
+                    tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right; `regrade watch` will");
+                }
+            }
+            match outcome {
+                Outcome::Done => println!("now at {}", step.to),
+                Outcome::Refused(r) => {
+                    cluster.record(StepEvent::Refused(&step, &r)).await;
+                    anyhow::bail!("refused: {r}");
+                }
+                Outcome::Failed { level, error } => {
+                    anyhow::bail!("{} failed, k3s is at {level}: {error:#}", step.direction.action())
+                }
+            }
+            if !matches!(target, StepTarget::To { .. }) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    })
+}
+
+/// Drives a step to its end; a SIGINT or SIGTERM meanwhile is noted, not obeyed, so
+/// k3s is never left between levels.
+async fn finish_despite_signals(
+    fut: impl std::future::Future<Output = Outcome>,
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+    interrupted: &mut bool,
+) -> Outcome {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            _ = term.recv() => {
+                *interrupted = true;
+                eprintln!("regrade: SIGTERM: finishing the step under way, then stopping");
+            }
+            _ = int.recv() => {
+                *interrupted = true;
+                eprintln!("regrade: interrupted: finishing the step under way, then stopping");
+            }
+        }
+    }
+}
+
+/// The next one-level step towards `target` from `current`; `None` when there.
+pub fn next_hand_step(current: Level, target: StepTarget, levels: &[Level]) -> anyhow::Result<Option<Step>> {
+    let direction = match target {
+        StepTarget::Down => Direction::Down,
+        StepTarget::Up => Direction::Up,
+        StepTarget::To { level } => {
+            let (Some(c), Some(l)) = (current.index_in(levels), level.index_in(levels)) else {
+                anyhow::bail!("this actuator does not support level {level}");
+            };
+            match l.cmp(&c) {
+                std::cmp::Ordering::Equal => return Ok(None),
+                std::cmp::Ordering::Greater => Direction::Down,
+                std::cmp::Ordering::Less => Direction::Up,
+            }
+        }
+    };
+    match Step::from_level(current, direction, levels) {
+        Some(s) => Ok(Some(s)),
+        None if matches!(target, StepTarget::To { .. }) => Ok(None),
+        None => anyhow::bail!(
+            "already at {current}: there is no level {}",
+            if direction == Direction::Down { "below" } else { "above" }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: &[Level] = &Level::ALL;
+
+    #[test]
+    fn hand_steps_go_one_level_at_a_time() {
+        let s = next_hand_step(Level::Full, StepTarget::To { level: Level::EtcdOnly }, L).unwrap().unwrap();
+        assert_eq!((s.from, s.to), (Level::Full, Level::ControlPlane));
+        let s = next_hand_step(Level::EtcdOnly, StepTarget::To { level: Level::Full }, L).unwrap().unwrap();
+        assert_eq!((s.direction, s.to), (Direction::Up, Level::ControlPlane));
+        assert!(next_hand_step(Level::Full, StepTarget::To { level: Level::Full }, L).unwrap().is_none());
+        assert!(next_hand_step(Level::Full, StepTarget::Up, L).is_err());
+        assert!(next_hand_step(Level::EtcdOnly, StepTarget::Down, L).is_err());
+        assert_eq!(next_hand_step(Level::ControlPlane, StepTarget::Up, L).unwrap().unwrap().to, Level::Full);
+    }
+}
