@@ -94,7 +94,9 @@ fn decision(log: &str) -> String {
 #[test]
 fn kill_point_matrix() {
     let Some(rig) = LevelRig::up("kill_point_matrix", "regrade-killpoints") else { return };
-    let logs = rig.dir.path().join("logs");
+    // Kept after the test (the temporary directory is not): each cell's two watches.
+    let logs = std::env::temp_dir().join("regrade-kill-points");
+    let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).unwrap();
 
     // To control-plane by hand (no restart), the starting point of the first cell.
@@ -108,9 +110,22 @@ fn kill_point_matrix() {
         for point in POINTS {
             // Into position: the cell's `from`, converged.
             let here = rig.converged().unwrap_or_else(|e| panic!("before {from} -> {to} at {point}: {e}"));
+            println!("[cell] {from} -> {to} at {point}: starting from {here}");
             if here != from {
-                let (ok, out, err) = rig.run(&["step", "to", from]);
-                assert!(ok, "step to {from}: {out}{err}");
+                // regrade gives an expired Lease of a killed holder a grace of its own
+                // before taking it over: a refusal for it is retried.
+                let t = Instant::now();
+                loop {
+                    let (ok, out, err) = rig.run(&["step", "to", from]);
+                    if ok {
+                        break;
+                    }
+                    assert!(
+                        err.contains("lease-held") && t.elapsed() < Duration::from_secs(30),
+                        "step to {from}: {out}{err}"
+                    );
+                    std::thread::sleep(Duration::from_secs(1));
+                }
                 rig.wait(&format!("converged at {from}"), Duration::from_secs(60), || {
                     (rig.converged().ok()? == from).then_some(())
                 });
@@ -160,6 +175,9 @@ fn kill_point_matrix() {
                 [from, to].iter().flat_map(|l| [format!("record {l}"), format!("label {l}")]).collect();
             assert!(levels.is_subset(&allowed), "{cell}: passed through {levels:?}, beyond {from} and {to}");
             assert!(end == from || end == to, "{cell}: ended at {end}");
+            println!(
+                "[cell] {from} -> {to} killed at {point}: record's phase {phase}, converged at {end} in {took:.1}s"
+            );
             rows.push(Row {
                 direction: format!("{from} -> {to}"),
                 point,
