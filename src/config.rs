@@ -239,6 +239,29 @@ impl Default for LevelConfig {
 /// `disable-agent` is unsupported with embedded etcd).
 pub const ETCD_ONLY_FLAGS: [&str; 3] = ["disable-apiserver", "disable-controller-manager", "disable-scheduler"];
 
+/// Why a k3s flag must never be part of a level, or `None` when it may: each of
+/// these stops, wipes or replaces the very etcd vote regrade steps down to protect.
+pub fn unsafe_level_flag(key: &str) -> Option<&'static str> {
+    let key = key.strip_suffix('+').unwrap_or(key);
+    Some(match key {
+        "disable-etcd" => "it stops this server's etcd member, so the server loses its vote",
+        "cluster-reset" | "cluster-reset-restore-path" => {
+            "it resets etcd to a one-member cluster, throwing the other members out"
+        }
+        "cluster-init" => "it starts a new etcd cluster instead of rejoining this one",
+        "server" | "token" | "token-file" | "agent-token" | "agent-token-file" => {
+            "it changes which cluster this server joins"
+        }
+        "data-dir" => "k3s would start with another data directory, so another (empty) etcd member",
+        "datastore-endpoint" | "datastore-cafile" | "datastore-certfile" | "datastore-keyfile" => {
+            "it replaces embedded etcd with an external datastore"
+        }
+        "node-name" | "with-node-id" => "a new node name is a new etcd member, not this server's",
+        "etcd-arg" => "it changes how etcd itself runs",
+        _ => return None,
+    })
+}
+
 /// `[levels]`: per-level settings. `full` has none: it is k3s as configured.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -369,6 +392,9 @@ impl Config {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
                     bail!("levels.{name}.k3s: {key:?} is not a k3s flag name (write it without leading dashes)");
                 }
+                if let Some(why) = unsafe_level_flag(key) {
+                    bail!("levels.{name}.k3s.{key}: regrade refuses this flag at any level: {why}");
+                }
             }
         }
         self.cluster.validate()?;
@@ -433,6 +459,19 @@ fn check_percent(key: &str, v: f64) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_that_would_lose_the_vote_are_refused_naming_the_key() {
+        for flag in ["disable-etcd", "cluster-reset", "cluster-reset-restore-path", "data-dir", "node-name", "server"] {
+            let toml = format!("[levels.etcd-only.k3s]\ndisable-apiserver = true\n{flag} = true\n");
+            let e = format!("{:#}", Config::parse(&toml).unwrap_err());
+            assert!(e.contains(&format!("levels.etcd-only.k3s.{flag}")) && e.contains("refuses"), "{e}");
+        }
+        let e = format!("{:#}", Config::parse("[levels.control-plane.k3s]\n\"etcd-arg+\" = [\"x\"]\n").unwrap_err());
+        assert!(e.contains("levels.control-plane.k3s.etcd-arg+"), "{e}");
+        // The documented opt-in stays allowed.
+        Config::parse("[levels.etcd-only.k3s]\ndisable-apiserver = true\ndisable-agent = true\n").unwrap();
+    }
 
     fn err(text: &str) -> String {
         format!("{:#}", Config::parse(text).unwrap_err())

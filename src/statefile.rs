@@ -59,7 +59,8 @@ impl Published {
 
     /// The core's state on a Unix-epoch time axis, for `status`'s arithmetic.
     pub fn state(&self) -> Option<State> {
-        let d = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        // The file is outside data: a time that is no Duration reads as zero.
+        let d = |s: f64| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default();
         Some(State {
             level: self.level?,
             over_since: self.over_since.map(d),

@@ -10,7 +10,7 @@ use crate::backend;
 use crate::config::Config;
 use crate::decide::{Reading, Settings};
 use crate::level::Level;
-use crate::pressure::{Psi, Sampler};
+use crate::pressure::{Needs, Psi, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 
 #[derive(Debug, Serialize)]
@@ -72,7 +72,9 @@ pub struct NextStep {
 }
 
 pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.sample()?;
+    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?
+        .needing(Needs::deciding(cfg.pressure.metric, cfg.pressure.mem_available_floor.is_some()))
+        .sample()?;
     let settings = Settings::from_config(cfg);
     let published = Published::read_live(&cfg.state_file);
     let status = crate::watch::runtime()?.block_on(async {
@@ -144,7 +146,11 @@ pub fn render(s: &Status, now: f64) -> String {
         "pressure:       {} {:.2}% (over at >= {}, calm below {})\n",
         s.metric, s.pressure, s.threshold, s.calm_threshold
     );
-    o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
+    let available = match s.mem_available {
+        crate::pressure::MEM_AVAILABLE_UNKNOWN => "unknown (not in the file; no floor needs it)".to_string(),
+        m => format!("{} MiB", m >> 20),
+    };
+    o += &format!("MemAvailable:   {available} (floor {floor})\n");
     o += &format!("this sample:    {:?}\n", s.reading);
     o += &format!("step up:        {:?}\n", s.step_up);
     if !s.watch_running {

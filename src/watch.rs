@@ -16,7 +16,7 @@ use crate::config::{Config, LevelsConfig};
 use crate::decide::{Direction, Settings, State, Step};
 use crate::level::Level;
 use crate::notify::Notifier;
-use crate::pressure::{SampleError, Sampler};
+use crate::pressure::{Needs, SampleError, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 use crate::step::{self, Outcome};
 
@@ -38,7 +38,8 @@ fn lock_memory() {
 
 pub fn run(cfg: &Config, dry_run: bool) -> anyhow::Result<ExitCode> {
     // Open the files first: no PSI means stop at once (SPEC §3).
-    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
+    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?
+        .needing(Needs::deciding(cfg.pressure.metric, cfg.pressure.mem_available_floor.is_some()));
     lock_memory();
     runtime()?.block_on(async {
         let backend = if dry_run { backend::dry_run(cfg).await } else { backend::real(cfg).await? };
