@@ -79,11 +79,7 @@ fn silent_systemd(address: &str) {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let conn = rt.block_on(async {
-            zbus::connection::Builder::address(address.as_str())
-                .name("org.freedesktop.systemd1")
-                .build()
-                .await
-                .unwrap()
+            zbus::connection::Builder::address(address.as_str()).name("org.freedesktop.systemd1").build().await.unwrap()
         });
         tx.send(()).unwrap();
         let _keep = (rt, conn);
@@ -114,7 +110,7 @@ fn a_step_against_a_stalled_bus_ends_in_bounded_time_with_nothing_changed() {
          call_timeout = \"1s\"\nhealth_timeout = \"30s\"\n"
     ))
     .unwrap();
-    let mut a = SystemdActuator::new(&cfg).unwrap();
+    let mut a = SystemdActuator::new(&cfg.systemd, &cfg.levels).unwrap();
 
     let t0 = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

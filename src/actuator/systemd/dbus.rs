@@ -176,8 +176,7 @@ impl Systemd {
     pub async fn exec_start(&self) -> anyhow::Result<Vec<Vec<String>>> {
         type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
         let path = self.unit_path().await?;
-        let commands: Vec<ExecCommand> =
-            self.property(&path, "org.freedesktop.systemd1.Service", "ExecStart").await?;
+        let commands: Vec<ExecCommand> = self.property(&path, "org.freedesktop.systemd1.Service", "ExecStart").await?;
         Ok(commands.into_iter().map(|c| c.1).collect())
     }
 
@@ -231,7 +230,11 @@ mod tests {
     use super::*;
 
     fn method_error(name: &str) -> zbus::Error {
-        zbus::Error::MethodError(zbus::names::OwnedErrorName::try_from(name).unwrap(), None, zbus::message::Message::method_call("/", "x").build(&()).unwrap())
+        zbus::Error::MethodError(
+            zbus::names::OwnedErrorName::try_from(name).unwrap(),
+            None,
+            zbus::message::Message::method_call("/", "x").build(&()).unwrap(),
+        )
     }
 
     #[test]

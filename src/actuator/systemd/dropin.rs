@@ -2,15 +2,13 @@
 //! which level a file on disk stands for, and replacing or removing it atomically.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io;
 use std::path::Path;
 
 use anyhow::Context;
 
-use crate::config::{FlagValue, LevelsConfig};
 use crate::fsutil;
 use crate::level::Level;
+use crate::levels::{FlagValue, LevelsConfig};
 
 /// The comment line that names the level a drop-in was written for. k3s ignores
 /// comments; `record-start` and the start-up check read it back.
@@ -93,10 +91,10 @@ fn yaml_str(s: &str) -> String {
 
 /// Reads the drop-in at `path` and says which level it stands for.
 pub fn read(path: &Path, levels: &LevelsConfig) -> anyhow::Result<Dropin> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Dropin::Absent),
-        Err(e) => return Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
+    let Some(text) =
+        fsutil::read_string_if_exists(path).with_context(|| format!("reading the k3s drop-in {}", path.display()))?
+    else {
+        return Ok(Dropin::Absent);
     };
     Ok(classify(&text, levels))
 }
@@ -113,11 +111,7 @@ pub fn classify(text: &str, levels: &LevelsConfig) -> Dropin {
 
 /// The raw bytes at `path` (to put back after a failed step), `None` when absent.
 pub fn snapshot(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
-    }
+    fsutil::read_if_exists(path).with_context(|| format!("reading the k3s drop-in {}", path.display()))
 }
 
 /// Makes `path` hold `content` (or not exist, for `None`), so that k3s sees either
@@ -146,7 +140,11 @@ pub struct Override {
 
 impl std::fmt::Display for Override {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} sets {:?} too, after regrade's drop-in, so k3s would not run with regrade's value", self.source, self.key)
+        write!(
+            f,
+            "{} sets {:?} too, after regrade's drop-in, so k3s would not run with regrade's value",
+            self.source, self.key
+        )
     }
 }
 
@@ -176,14 +174,15 @@ pub fn top_level_keys(text: &str) -> Vec<String> {
 pub fn later_overrides(dropin: &Path, ours: &[String]) -> anyhow::Result<Vec<Override>> {
     let Some(dir) = dropin.parent() else { return Ok(Vec::new()) };
     let own = dropin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let entries = match fs::read_dir(dir) {
+    let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
     };
     let mut later: Vec<String> = Vec::new();
     for entry in entries {
-        let name = entry.with_context(|| format!("listing {}", dir.display()))?.file_name().to_string_lossy().into_owned();
+        let name =
+            entry.with_context(|| format!("listing {}", dir.display()))?.file_name().to_string_lossy().into_owned();
         if is_k3s_config_name(&name) && name != own && name.to_ascii_lowercase() > own.to_ascii_lowercase() {
             later.push(name);
         }
@@ -192,10 +191,9 @@ pub fn later_overrides(dropin: &Path, ours: &[String]) -> anyhow::Result<Vec<Ove
     let mut found = Vec::new();
     for name in later {
         let path = dir.join(&name);
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        let Some(text) = fsutil::read_string_if_exists(&path).with_context(|| format!("reading {}", path.display()))?
+        else {
+            continue;
         };
         for key in top_level_keys(&text) {
             if ours.contains(&key) {
@@ -224,6 +222,7 @@ pub fn command_line_overrides(argv: &[String], ours: &[String]) -> Vec<Override>
 mod tests {
     use super::*;
     use crate::config::Config;
+    use std::fs;
 
     #[test]
     fn k3s_reads_yaml_and_yml_in_any_case() {
@@ -258,8 +257,10 @@ mod tests {
 
     #[test]
     fn command_line_flags_that_set_our_keys_are_found() {
-        let argv: Vec<String> =
-            ["/bin/k3s", "server", "--disable-apiserver=false", "--node-name", "a"].iter().map(|s| s.to_string()).collect();
+        let argv: Vec<String> = ["/bin/k3s", "server", "--disable-apiserver=false", "--node-name", "a"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let found = command_line_overrides(&argv, &["disable-apiserver".to_string()]);
         assert_eq!(found, [Override { source: "the k3s command line".into(), key: "disable-apiserver".into() }]);
     }
