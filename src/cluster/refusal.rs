@@ -20,15 +20,18 @@ pub enum RefusalKind {
     /// An API call answered with an error (RBAC, a server error), or the Node's marks
     /// could not be set before anything had changed.
     ApiError,
+    /// This server's clock is too far off the API server's to judge peers' heartbeats.
+    ClockSkew,
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 5] = [
+    pub const ALL: [RefusalKind; 6] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
         RefusalKind::ApiUnreachable,
         RefusalKind::ApiError,
+        RefusalKind::ClockSkew,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +41,7 @@ impl RefusalKind {
             RefusalKind::PeerSteppedDown => "peer-stepped-down",
             RefusalKind::ApiUnreachable => "api-unreachable",
             RefusalKind::ApiError => "api-error",
+            RefusalKind::ClockSkew => "clock-skew",
         }
     }
 }
