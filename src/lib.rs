@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod config;
 pub mod decide;
 pub mod fsutil;
+pub mod hold;
 pub mod level;
 pub mod logging;
 pub mod notify;

@@ -12,15 +12,17 @@
 #     the typed etcd, drain and metrics options;
 #   - each misconfiguration fails exactly its assertion (messages printed);
 #   - with REGRADE_BINARY, the generated settings pass `regrade check-config`.
-# Without a lib checkout (argument or $NIXPKGS_LIB) it skips with a notice: nixpkgs
-# cannot be downloaded on the project's machines, and the lib is never committed.
+# nixpkgs cannot be downloaded on the project's machines, and its lib is never committed:
+# without a lib checkout (argument or $NIXPKGS_LIB) every scenario is evaluated with
+# tests/nixos/minilib.nix, a small implementation of the module system written for this.
+# With one, both are run and must give the same JSON, so the stand-in is checked too.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 libdir="${1:-${NIXPKGS_LIB:-}}"
 regrade="${2:-}"
-if [ -z "$libdir" ] || [ ! -f "$libdir/lib/default.nix" ]; then
-  echo "SKIP eval-module: no nixpkgs lib checkout given (argument or NIXPKGS_LIB=DIR with DIR/lib/default.nix)"
-  exit 0
+if [ -n "$libdir" ] && [ ! -f "$libdir/lib/default.nix" ]; then
+  echo "eval-module: $libdir has no lib/default.nix (a nixpkgs or nixpkgs.lib checkout)" >&2
+  exit 1
 fi
 command -v nix-instantiate >/dev/null || { echo "eval-module: nix-instantiate missing (apt-get install -y nix-bin)" >&2; exit 1; }
 
@@ -37,8 +39,25 @@ open(sys.argv[2] + "/flake.nix", "w").write(block)
 for name in sorted(set(re.findall(r'"(k3s-\d+)"', block))):
     open(sys.argv[2] + "/hardware/%s.nix" % name, "w").write("{}\n")
 EXAMPLE
-nix-instantiate --eval --strict --json "$here/eval-module.nix" \
-  --arg lib "import $libdir/lib" --argstr tmp "$tmp/k3s" --argstr example "$tmp/example/flake.nix" >"$out"
+evaluate() { # LIB_EXPRESSION OUT
+  nix-instantiate --eval --strict --json "$here/eval-module.nix" \
+    --arg lib "$1" --argstr tmp "$tmp/k3s" --argstr example "$tmp/example/flake.nix" >"$2"
+}
+if [ -n "$libdir" ]; then
+  echo "eval-module: nixpkgs lib from $libdir, and tests/nixos/minilib.nix beside it"
+  evaluate "import $libdir/lib" "$out"
+  evaluate "import $here/minilib.nix" "$tmp/eval-minilib.json"
+  if python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' "$out" "$tmp/eval-minilib.json"; then
+    echo "ok   tests/nixos/minilib.nix evaluates every scenario to the same JSON as nixpkgs' lib"
+  else
+    echo "FAIL tests/nixos/minilib.nix and nixpkgs' lib disagree:"
+    diff <(python3 -m json.tool --sort-keys "$out") <(python3 -m json.tool --sort-keys "$tmp/eval-minilib.json") | head -40 || true
+    echo fail >"$tmp/minilib-result"
+  fi
+else
+  echo "eval-module: no nixpkgs lib checkout (NIXPKGS_LIB); evaluating with tests/nixos/minilib.nix"
+  evaluate "import $here/minilib.nix" "$out"
+fi
 # What the module renders must be what pre-switch-check-test.sh runs.
 k="$tmp/k3s"
 store="$(nix-instantiate --eval -E builtins.storeDir | tr -d '"')"
@@ -170,6 +189,9 @@ def toml(d, prefix=""):
     return "\n".join(lines)
 open(tmp + "/generated.toml", "w").write(toml(en["settings"]) + "\n")
 open(tmp + "/vm-server1.toml", "w").write(toml(vm["server1"]["settings"]) + "\n")
+import os
+if os.path.exists(tmp + "/minilib-result"):
+    fail.append("minilib")
 open(tmp + "/result", "w").write("fail" if fail else "ok")
 PY
 
