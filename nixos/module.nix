@@ -678,7 +678,9 @@ in {
           ProtectSystem = "strict";
           ReadWritePaths = lib.unique [dropinDir (dirOf recordFile) (dirOf stateFile)];
           # Of k3s's data directory (its tokens, its CA keys), only the etcd client
-          # certificates are visible ("-": a missing one is for regrade to name).
+          # certificates are visible, read-only: an empty read-only tmpfs over it with the
+          # three files bound in (systemd.exec(5) gives this pairing as its example).
+          # "-": a missing file is for regrade to name, not a unit that cannot start.
           TemporaryFileSystem = ["${cfg.k3sDataDir}:ro"];
           BindReadOnlyPaths = map (k: "-${etcdFile k}") ["ca_file" "cert_file" "key_file"];
           ProtectHome = true;
