@@ -579,6 +579,30 @@ in {
     badDrainRefused = try (!(evaluates badDrain.services.regrade.settings.levels.control-plane.on_drain_timeout));
   };
 
+  # The module-system rules the scenarios rest on, so that a lib (nixpkgs', or
+  # tests/nixos/minilib.nix in CI) that broke them shows here.
+  libSemantics = let
+    ev = modules: (lib.evalModules {modules = [stubs] ++ modules;}).config;
+    pkgDefs = n: ev (builtins.genList (_: {services.k3s.package = lib.mkDefault pkgs.k3s;}) n);
+    keyed = {
+      key = "same";
+      services.k3s.package = lib.mkDefault pkgs.k3s;
+    };
+  in {
+    onePackageDefinition = evaluates (pkgDefs 1).services.k3s.package;
+    twoPackageDefinitionsRefused = !(evaluates (pkgDefs 2).services.k3s.package);
+    sameKeyOnce = evaluates (ev [keyed keyed]).services.k3s.package;
+    forceBeatsDefault = (ev [{services.k3s.role = lib.mkForce "agent";} {services.k3s.role = lib.mkDefault "server";}]).services.k3s.role == "agent";
+    conflictingStrRefused = !(evaluates (ev [{services.k3s.serverAddr = "a";} {services.k3s.serverAddr = "b";}]).services.k3s.serverAddr);
+    undeclaredRefused = !(evaluates (ev [{services.k3s.noSuchOption = true;}]).services.k3s.enable);
+    mkIfFalseDropped = (ev [(lib.mkIf false {services.k3s.enable = true;})]).services.k3s.enable == false;
+    unitListsConcatenate =
+      (ev [{systemd.services.a.serviceConfig.X = ["1"];} {systemd.services.a.serviceConfig.X = "2";}]).systemd.services.a.serviceConfig.X
+      == ["1" "2"];
+    nullMixRefused = !(evaluates (ev [{services.k3s.nodeName = "a";} {services.k3s.nodeName = null;}]).services.k3s.nodeName);
+    wrongTypeRefused = !(evaluates (ev [{services.k3s.clusterInit = "yes";}]).services.k3s.clusterInit);
+  };
+
   misconfigured = lib.mapAttrs (_: c: try (failing (eval c))) {
     k3sOff.services.k3s.enable = lib.mkForce false;
     agent.services.k3s.role = lib.mkForce "agent";

@@ -75,6 +75,8 @@ def check(cond, what):
         fail.append(what)
 
 en, dis = d["enabled"], d["disabled"]
+for rule, held in sorted(d["libSemantics"].items()):
+    check(held is True, "module system: %s" % rule)
 check(en["failingAssertions"] == [], "enabled server: no assertion fails")
 check(dis["failingAssertions"] == [], "disabled server: no assertion fails")
 check(d["k3sUnitUnchangedWhenDisabled"], "k3s.service is defined identically with regrade on and off")
