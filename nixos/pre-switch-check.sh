@@ -13,9 +13,11 @@
 #
 # The race it closes: the check runs before any unit stops, and the running `regrade
 # watch` finishes a step before it honours SIGTERM. So the check FIRST leaves a hold
-# (`regrade_hold`: the Unix time it ends, one line), which the watch honours before it
-# starts a step, and only THEN looks at the level. The hold ends on its own after
-# `regrade_hold_seconds`, so a switch that fails later holds nothing for long.
+# (`regrade_hold`: the Unix time it ends, one line), and only THEN looks at the level;
+# the watch, for its part, first publishes the step it is about to take ("stepping" in
+# its state file) and only then looks for a hold. Whichever comes second sees the other:
+# the watch refuses the step, or the check refuses the switch. The hold ends on its own
+# after `regrade_hold_seconds`, so a switch that fails later holds nothing for long.
 # switch-to-configuration-ng also exports the action as NIXOS_ACTION (older ones pass no $2).
 regrade_action="${2-${NIXOS_ACTION-switch}}"
 regrade_now="$("$regrade_bin/date" +%s)" || regrade_now=""
@@ -55,6 +57,9 @@ if [ -r "$regrade_state" ]; then
   regrade_json="$(<"$regrade_state")" || regrade_json=""
   if [[ $regrade_json =~ \"level\"[[:space:]]*:[[:space:]]*\"(control-plane|etcd-only)\" ]]; then
     regrade_below="regrade's state ($regrade_state) says level '${BASH_REMATCH[1]}'"
+  fi
+  if [[ $regrade_json =~ \"stepping\"[[:space:]]*:[[:space:]]*\"([a-z-]+)\" ]]; then
+    regrade_below="regrade is stepping to '${BASH_REMATCH[1]}' right now ($regrade_state)"
   fi
 fi
 

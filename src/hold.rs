@@ -5,7 +5,10 @@
 //! stopping, the running `watch` could still start a step down, and since it finishes a
 //! step before it honours SIGTERM, the server would be left below `full` with regrade
 //! off. So the check first writes a hold file, `switch-hold` beside the state file, and
-//! `watch` starts no step while a hold is active. The hold ends on its own: the file
+//! only then reads the level and the step in progress ("stepping") from the state file;
+//! `watch` first publishes the step it is about to start ("stepping") and only then
+//! reads the hold, starting no step while one is active. Whichever of the two comes
+//! second sees the other. The hold ends on its own: the file
 //! holds the Unix time it ends, and a hold further ahead than [`MAX_HOLD`] is not one
 //! the check wrote (it never asks for more) and is ignored, so a stray file can never
 //! stop regrade for good.

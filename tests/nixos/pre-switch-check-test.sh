@@ -99,6 +99,10 @@ set_level() {
       echo 'disable-apiserver: true' >"$dropin"
       echo '{"pid":1,"level":"etcd-only","dry_run":false}' >"$state"
       ;;
+    stepping) # the watch published a step it is starting (it looks for a hold next)
+      echo full >"$record"
+      echo '{"pid":1,"level":"full","stepping":"control-plane","dry_run":false}' >"$state"
+      ;;
     drop-in-only) # k3s not restarted yet, but will start below full
       echo full >"$record"
       echo 'disable-apiserver: true' >"$dropin"
@@ -120,7 +124,7 @@ switch() { # FORM ACTION [noarg]
 
 for form in nixos-25.11 newer older; do
   for how in args noarg; do
-    for level in never-ran full control-plane etcd-only drop-in-only; do
+    for level in never-ran full control-plane etcd-only drop-in-only stepping; do
       for action in switch boot test dry-activate check; do
         set_level "$level"
         what="[$form, \$2=${how/noarg/none (NIXOS_ACTION)}] $action at $level"
