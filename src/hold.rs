@@ -107,7 +107,10 @@ mod tests {
 
     #[test]
     fn the_checks_own_file_holds_until_its_end() {
-        let text = format!("{}\n# regrade: steps held by the switch-time check (switch of /nix/store/x) until this Unix time\n", NOW + 300);
+        let text = format!(
+            "{}\n# regrade: steps held by the switch-time check (switch of /nix/store/x) until this Unix time\n",
+            NOW + 300
+        );
         assert_eq!(parse(&text, at(NOW)), Hold::Active { until: NOW + 300, left: Duration::from_secs(300) });
         assert_eq!(parse(&text, at(NOW + 299)), Hold::Active { until: NOW + 300, left: Duration::from_secs(1) });
         assert!(parse(&text, at(NOW + 299)).is_active());
@@ -133,7 +136,17 @@ mod tests {
 
     #[test]
     fn garbage_holds_nothing() {
-        for text in ["", "\n\n", "# only a comment\n", "soon\n", "-5\n", "12.5\n", "0x10\n", "99999999999999999999999\n", "\u{0}\u{1}"] {
+        for text in [
+            "",
+            "\n\n",
+            "# only a comment\n",
+            "soon\n",
+            "-5\n",
+            "12.5\n",
+            "0x10\n",
+            "99999999999999999999999\n",
+            "\u{0}\u{1}",
+        ] {
             let h = parse(text, at(NOW));
             assert!(matches!(h, Hold::Ignored(_)), "{text:?} gave {h:?}");
             assert!(!h.is_active());
