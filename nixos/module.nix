@@ -579,8 +579,9 @@ in {
       ];
 
       # firewall.nix trusts "lo" itself; another trusted interface is taken to be the cluster's.
-      warnings = lib.optional (fw.enable && lib.remove "lo" fw.trustedInterfaces == [] && closedPorts != []) ''
-        services.regrade: the NixOS firewall is on and does not open ${lib.concatStringsSep ", " closedPorts}, which k3s servers with embedded etcd need between them (API 6443/tcp, etcd 2379-2380/tcp, kubelet 10250/tcp, flannel VXLAN 8472/udp); the nixpkgs k3s module opens none. Without them the servers cannot form a cluster: open them (networking.firewall.allowedTCPPorts / allowedUDPPorts, or per interface).'';
+      warnings =
+        lib.optional (fw.enable && lib.remove "lo" fw.trustedInterfaces == [] && closedPorts != []) ''
+          services.regrade: the NixOS firewall is on and does not open ${lib.concatStringsSep ", " closedPorts}, which k3s servers with embedded etcd need between them (API 6443/tcp, etcd 2379-2380/tcp, kubelet 10250/tcp, flannel VXLAN 8472/udp); the nixpkgs k3s module opens none. Without them the servers cannot form a cluster: open them (networking.firewall.allowedTCPPorts / allowedUDPPorts, or per interface).'';
 
       services.regrade.settings = {
         cluster = {

@@ -171,12 +171,13 @@ let
       if typeOf d.value == "override"
       then d.value.priority
       else 100;
-    best = foldl' (m: d:
-      if prio d < m
-      then prio d
-      else m)
-    9999
-    defs;
+    best =
+      foldl' (m: d:
+        if prio d < m
+        then prio d
+        else m)
+      9999
+      defs;
     strip = d:
       if typeOf d.value == "override"
       then d // {value = d.value.content;}
@@ -368,7 +369,13 @@ let
         check = x: isAttrs x || isFunction x || isPath x;
         merge = loc: defs:
           (evalModules {
-            modules = modules ++ map (d: {_file = d.file or "<definition>"; imports = [d.value];}) defs;
+            modules =
+              modules
+              ++ map (d: {
+                _file = d.file or "<definition>";
+                imports = [d.value];
+              })
+              defs;
             prefix = loc;
             specialArgs.name = last loc;
           })
