@@ -7,7 +7,8 @@
 #     `regrade check-config` with the binary built from this tree;
 #   - deploy/rbac.yaml has the ServiceAccount the module mints a token for;
 #   - the switch-time check, run as NixOS runs it (tests/nixos/pre-switch-check-test.sh);
-#   - with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), tests/nixos/eval-module.sh.
+#   - tests/nixos/eval-module.sh: the module evaluated with the module system, nixpkgs'
+#     lib with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), else tests/nixos/minilib.nix.
 # Tools go to ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint, outside the repo.
 # Env: REGRADE_BIN (a built regrade; default: cargo build, target/debug/regrade).
 set -euo pipefail
