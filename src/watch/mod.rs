@@ -145,10 +145,14 @@ impl<'a> Watcher<'a> {
 
     /// Runs the step the core proposed and feeds its outcome back.
     async fn step(&mut self, t: Duration, step: &Step) {
+        // The step first, then the hold: the switch-time check writes its hold first,
+        // then reads this, so one of the two always sees the other.
+        self.ticker.set_stepping(Some(step.to));
         let outcome = match self.switch_hold() {
             Some(refusal) => Outcome::Refused(refusal),
             None => self.run_step(step).await,
         };
+        self.ticker.set_stepping(None);
         self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
         if let Some(level) = outcome.level_after(step) {
             self.actuator_level = level;
@@ -302,6 +306,7 @@ mod tests {
                 serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
             assert_eq!(state["refusal"]["kind"], "switch-hold", "{state}");
             assert!(state["refusal"]["message"].as_str().unwrap().contains("a NixOS switch is turning regrade off"));
+            assert!(state.get("stepping").is_none(), "no step is under way once it was refused: {state}");
             std::fs::remove_file(&hold).unwrap();
             w.step(Duration::from_secs(120), &down).await;
             assert_eq!(level.get(), Level::ControlPlane, "without the hold the step runs");
