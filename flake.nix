@@ -45,7 +45,11 @@
       regrade = regradeFor final [];
     };
 
+    # A `key`, so a fleet that imports this from a shared profile and from a host file
+    # gets it once (lib.evalModules drops modules whose key it has seen).
     nixosModules.default = {pkgs, ...}: {
+      key = "regrade#nixosModules.default";
+      _file = "${toString ./flake.nix}#nixosModules.default";
       imports = [./nixos/module.nix];
       services.regrade.package = lib.mkDefault self.packages.${pkgs.stdenv.hostPlatform.system}.default;
     };

@@ -18,6 +18,7 @@ pub mod decide;
 pub mod actuator;
 pub mod cluster;
 pub mod fsutil;
+pub mod hold;
 pub mod notify;
 pub mod pressure;
 pub mod statefile;

@@ -139,6 +139,12 @@ impl Ticker {
         false
     }
 
+    /// Publishes the step about to start (or, `None`, that none is), at once.
+    pub(super) fn set_stepping(&mut self, to: Option<Level>) {
+        self.published.stepping = to;
+        self.mark_dirty();
+    }
+
     /// Makes the next publish write the state file.
     pub(super) fn mark_dirty(&mut self) {
         self.dirty = true;
