@@ -13,6 +13,7 @@ pub mod decide;
 pub mod fsutil;
 pub mod level;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod pressure;
 pub mod simulate;
