@@ -300,6 +300,7 @@ pub struct Config {
     pub systemd: crate::actuator::systemd::SystemdConfig,
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl Default for Config {
@@ -313,6 +314,7 @@ impl Default for Config {
             systemd: Default::default(),
             #[cfg(feature = "docker")]
             docker: Default::default(),
+            metrics: Default::default(),
         }
     }
 }

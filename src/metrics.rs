@@ -289,7 +289,7 @@ impl Metrics {
             o,
             "regrade_step_duration_seconds",
             "histogram",
-            "How long steps that ran took, from taking the Lease to giving it back.",
+            "How long steps that ran took, from their first check to the Lease given back.",
         )?;
         for (le, n) in STEP_BUCKETS.iter().zip(&self.step_buckets) {
             writeln!(o, "regrade_step_duration_seconds_bucket{{le=\"{le}\"}} {}", n.load(Relaxed))?;

@@ -15,6 +15,7 @@ use crate::cluster::StepEvent;
 use crate::config::{Config, LevelsConfig};
 use crate::decide::{Direction, Settings, State, Step};
 use crate::level::Level;
+use crate::metrics::{self, METRICS};
 use crate::notify::Notifier;
 use crate::pressure::{SampleError, Sampler};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
@@ -41,6 +42,14 @@ pub fn run(cfg: &Config, dry_run: bool) -> anyhow::Result<ExitCode> {
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
     lock_memory();
     runtime()?.block_on(async {
+        if let Some(addr) = cfg.metrics.listen {
+            // Bound before anything else, so a busy address stops watch at once.
+            let listener = metrics::bind(addr)?;
+            // Healthy while samples keep coming: three periods, and slack for a slow one.
+            let max_age = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
+            tokio::spawn(metrics::serve(listener, &METRICS, max_age));
+            tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
+        }
         let backend = if dry_run { backend::dry_run(cfg).await } else { backend::real(cfg).await? };
         Watcher::new(cfg, backend, sampler, dry_run).await?.run().await
     })
@@ -85,8 +94,12 @@ impl Ticker {
     pub fn tick(&mut self, t: Duration) -> Result<Option<Step>, SampleError> {
         let sample = match self.sampler.sample() {
             Ok(s) => s,
-            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) if e.is_fatal() => {
+                METRICS.sample_failed();
+                return Err(e);
+            }
             Err(e) => {
+                METRICS.sample_failed();
                 tracing::warn!(error = %e, "sample failed; trying again next period");
                 return Ok(None);
             }
@@ -95,6 +108,7 @@ impl Ticker {
         let reading = self.settings.classify(&sample);
         let pressure = sample.metric(self.settings.metric);
         let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+        METRICS.sampled(&sample, reading);
         if proposed.is_none() && self.published.refusal.is_some() {
             // Nothing is being refused any more (the streak ended or the step ran).
             self.published.refusal = None;
@@ -177,6 +191,7 @@ impl Ticker {
 
     /// Writes the state file when it changed (never on an unchanged calm sample).
     fn publish(&mut self) {
+        METRICS.set_level(self.state.level);
         let changed = self.published.set_state(&self.state, self.wall_origin);
         if changed || self.dirty {
             self.dirty = false;
