@@ -238,7 +238,7 @@ impl Metrics {
         )?;
         let reading = self.reading.load(Relaxed);
         for (i, r) in READINGS.iter().enumerate() {
-            writeln!(o, "regrade_reading{{reading=\"{}\"}} {}", reading_str(*r), u8::from(reading == i as u8))?;
+            writeln!(o, "regrade_reading{{reading=\"{}\"}} {}", r.as_str(), u8::from(reading == i as u8))?;
         }
 
         family(
@@ -320,14 +320,6 @@ impl Metrics {
 fn family(o: &mut String, name: &str, kind: &str, help: &str) -> std::fmt::Result {
     writeln!(o, "# HELP {name} {help}")?;
     writeln!(o, "# TYPE {name} {kind}")
-}
-
-fn reading_str(r: Reading) -> &'static str {
-    match r {
-        Reading::Over => "over",
-        Reading::Calm => "calm",
-        Reading::Neither => "neither",
-    }
 }
 
 fn direction_str(d: Direction) -> &'static str {

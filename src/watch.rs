@@ -13,7 +13,7 @@ use crate::backend::{self, Backend};
 use crate::cli::StepTarget;
 use crate::cluster::StepEvent;
 use crate::config::{Config, LevelsConfig};
-use crate::decide::{Direction, Settings, State, Step};
+use crate::decide::{Direction, Reading, Settings, State, Step};
 use crate::level::Level;
 use crate::metrics::{self, METRICS};
 use crate::notify::Notifier;
@@ -70,6 +70,8 @@ pub struct Ticker {
     pub good_samples: u64,
     /// Set when a step ran or was refused, so the next publish writes the file.
     dirty: bool,
+    /// The last sample's reading, to log each change of it.
+    last_reading: Option<Reading>,
     wall_origin: SystemTime,
 }
 
@@ -85,6 +87,7 @@ impl Ticker {
             state_file: (!dry_run).then(|| cfg.state_file.clone()),
             good_samples: 0,
             dirty: true,
+            last_reading: None,
             wall_origin: SystemTime::now(),
         }
     }
@@ -122,7 +125,19 @@ impl Ticker {
             sample.mem_available >> 20
         ));
         self.notifier.watchdog();
-        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
+        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(), "sample");
+        if self.last_reading != Some(reading) {
+            // Each change of reading, not each sample: what a newcomer trying
+            // `watch --dry-run` needs to see it work, and what the journal needs to
+            // explain a step. Allocates (the log line), but only on a change.
+            let was = self.last_reading.map_or("none", Reading::as_str);
+            self.last_reading = Some(reading);
+            tracing::info!(
+                level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(),
+                "reading now {} (was {was}): {} {pressure:.2}%, MemAvailable {} MiB",
+                reading.as_str(), self.settings.metric.as_str(), sample.mem_available >> 20
+            );
+        }
         if let Some(step) = &proposed {
             tracing::info!(
                 level = %step.from, to = %step.to, pressure, available = sample.mem_available,
@@ -241,6 +256,7 @@ impl<'a> Watcher<'a> {
             backend.cluster.disconnect();
         }
         tracing::info!(level = %level, dry_run, "regrade watch starting");
+        say_what_is_read(cfg, dry_run);
         let ticker = Ticker::new(cfg, sampler, levels, level, dry_run);
         Ok(Watcher {
             cfg,
@@ -345,6 +361,31 @@ impl<'a> Watcher<'a> {
                 _ = wd.tick() => notifier.watchdog(),
             }
         }
+    }
+}
+
+/// Says at start, in words, what `watch` reads, from where, and how it decides.
+fn say_what_is_read(cfg: &Config, dry_run: bool) {
+    let p = &cfg.pressure;
+    let metric = p.metric.as_str();
+    let (over, calm) = match p.mem_available_floor {
+        Some(f) => (
+            format!("{metric} >= {}% and MemAvailable below {} MiB", p.threshold, f.0 >> 20),
+            format!("{metric} below {}% and MemAvailable at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
+        ),
+        None => (format!("{metric} >= {}%", p.threshold), format!("{metric} below {}%", cfg.calm_threshold())),
+    };
+    tracing::info!(
+        "reading memory pressure from {} and MemAvailable from {} every {}: over when {over}, calm when {calm}; \
+         a step after {} of either, {} apart at least",
+        p.source.display(),
+        p.meminfo.display(),
+        crate::units::format_duration(p.sample_period.0),
+        crate::units::format_duration(p.sustain.0),
+        crate::units::format_duration(p.cooldown.0),
+    );
+    if dry_run {
+        tracing::info!("dry run: steps are logged, and neither k3s nor the cluster is touched");
     }
 }
 
