@@ -199,7 +199,8 @@ impl Metrics {
         self.lease_held.store(held, Relaxed);
     }
 
-    /// Why `/healthz` fails, or `None` when a good sample is younger than `max_age`.
+    /// Why `/healthz` fails, or `None` when a good sample is younger than `max_age`
+    /// or a step is running.
     pub fn unhealthy(&self, max_age: Duration) -> Option<&'static str> {
         let at = self.last_good_sample_mono_ns.load(Relaxed);
         if at == 0 {
@@ -207,6 +208,10 @@ impl Metrics {
         }
         if !self.pressure_available.load(Relaxed) {
             return Some("the last sample could not read memory pressure");
+        }
+        // A step (a k3s restart can take minutes) holds the loop, and the Lease.
+        if self.lease_held.load(Relaxed) {
+            return None;
         }
         if monotonic_ns().saturating_sub(at) > max_age.as_nanos() as u64 {
             return Some("no sample for too long");
@@ -595,6 +600,9 @@ mod tests {
         assert_eq!(m.unhealthy(Duration::from_secs(60)), None);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(m.unhealthy(Duration::from_millis(10)), Some("no sample for too long"));
+        m.set_lease_held(true);
+        assert_eq!(m.unhealthy(Duration::from_millis(10)), None, "a long step is not a hang");
+        m.set_lease_held(false);
         m.sample_failed();
         assert!(m.unhealthy(Duration::from_secs(60)).is_some());
     }
