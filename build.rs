@@ -9,13 +9,29 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 
-// src/cli.rs refers to these two; the build script compiles them itself. The path
-// is repeated from src/config.rs; tests/cli.rs checks the man page names the same.
+// src/cli.rs refers to these; the build script compiles them itself. The path is
+// repeated from src/config.rs; tests/man_completions.rs checks the page names the same.
 #[path = "src/level.rs"]
 #[allow(dead_code)]
 mod level;
 mod config {
     pub const DEFAULT_PATH: &str = "/etc/regrade/regrade.toml";
+}
+/// A copy of `hand::StepTarget` (src/hand.rs runs steps, which a build script cannot
+/// compile); tests/man_completions.rs checks every subcommand and option of the real
+/// command line is in the pages.
+mod hand {
+    use crate::level::Level;
+
+    #[derive(clap::Subcommand, Debug, Clone, Copy)]
+    pub enum StepTarget {
+        /// One level down.
+        Down,
+        /// One level up.
+        Up,
+        /// To LEVEL, one level at a time.
+        To { level: Level },
+    }
 }
 #[path = "src/cli.rs"]
 #[allow(dead_code)]

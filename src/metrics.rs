@@ -19,10 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Metric;
+use crate::cluster::RefusalKind;
 use crate::decide::{Direction, Reading};
 use crate::level::Level;
-use crate::pressure::Sample;
+use crate::sample::{Metric, Sample};
 
 /// `[metrics]`
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -33,11 +33,6 @@ pub struct MetricsConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
 }
-
-/// The refusal kinds a step can meet (`Refusal::kind`), in the order exported.
-/// A kind not in the list counts as `other`, so a new kind is never lost.
-pub const REFUSAL_REASONS: [&str; 6] =
-    ["lease-held", "peer-not-ready", "peer-stepped-down", "api-unreachable", "api-error", "other"];
 
 /// Upper bounds of the step-duration buckets, in seconds. A step that restarts
 /// nothing takes a second or two; a k3s restart, tens of seconds to minutes; the
@@ -99,7 +94,8 @@ pub struct Metrics {
     last_good_sample_mono_ns: AtomicU64,
     /// `[direction][result]`
     steps: [[AtomicU64; 2]; 2],
-    refusals: [AtomicU64; REFUSAL_REASONS.len()],
+    /// In `RefusalKind::ALL` order.
+    refusals: [AtomicU64; RefusalKind::ALL.len()],
     /// Cumulative counts per bucket, then the sum and the count.
     step_buckets: [AtomicU64; STEP_BUCKETS.len()],
     step_seconds_sum: AtomicF64,
@@ -137,7 +133,7 @@ impl Metrics {
             pressure_available: AtomicBool::new(false),
             last_good_sample_mono_ns: AtomicU64::new(0),
             steps: [ZERO_ROW; 2],
-            refusals: [ZERO; REFUSAL_REASONS.len()],
+            refusals: [ZERO; RefusalKind::ALL.len()],
             step_buckets: [ZERO; STEP_BUCKETS.len()],
             step_seconds_sum: AtomicF64::zero(),
             step_count: AtomicU64::new(0),
@@ -188,9 +184,8 @@ impl Metrics {
 
     /// A step the cluster refused, by the refusal's kind. Counted at every attempt (a
     /// refused step is retried every sample), so a steady rate means "still refused".
-    pub fn refused(&self, kind: &str) {
-        let last = REFUSAL_REASONS.len() - 1;
-        let i = REFUSAL_REASONS[..last].iter().position(|k| *k == kind).unwrap_or(last);
+    pub fn refused(&self, kind: RefusalKind) {
+        let i = RefusalKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
         self.refusals[i].fetch_add(1, Relaxed);
     }
 
@@ -286,8 +281,8 @@ impl Metrics {
             "counter",
             "Step attempts the cluster refused, by reason; a refused step is retried every sample.",
         )?;
-        for (reason, n) in REFUSAL_REASONS.iter().zip(&self.refusals) {
-            writeln!(o, "regrade_refusals_total{{reason=\"{reason}\"}} {}", n.load(Relaxed))?;
+        for (reason, n) in RefusalKind::ALL.iter().zip(&self.refusals) {
+            writeln!(o, "regrade_refusals_total{{reason=\"{}\"}} {}", reason.as_str(), n.load(Relaxed))?;
         }
 
         family(
@@ -482,7 +477,7 @@ fn respond(head: &[u8], metrics: &Metrics, max_sample_age: Duration) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pressure::Psi;
+    use crate::sample::Psi;
 
     fn sample() -> Sample {
         Sample { psi: Psi { some: [12.5, 3.25, 0.75], full: [1.0, 0.5, 0.0] }, mem_available: 2048 * 1024 }
@@ -573,18 +568,19 @@ mod tests {
     }
 
     #[test]
-    fn refusals_count_by_reason_and_unknown_kinds_as_other() {
+    fn refusals_count_by_reason() {
         let m = Metrics::new();
-        m.refused("peer-not-ready");
-        m.refused("peer-not-ready");
-        m.refused("lease-held");
-        m.refused("something-new");
+        m.refused(RefusalKind::PeerNotReady);
+        m.refused(RefusalKind::PeerNotReady);
+        m.refused(RefusalKind::LeaseHeld);
         m.set_lease_held(true);
         let t = rendered(&m);
         assert_eq!(value(&t, "regrade_refusals_total{reason=\"peer-not-ready\"}"), "2");
         assert_eq!(value(&t, "regrade_refusals_total{reason=\"lease-held\"}"), "1");
         assert_eq!(value(&t, "regrade_refusals_total{reason=\"api-error\"}"), "0");
-        assert_eq!(value(&t, "regrade_refusals_total{reason=\"other\"}"), "1");
+        for k in RefusalKind::ALL {
+            assert!(t.contains(&format!("regrade_refusals_total{{reason=\"{k}\"}} ")), "{k} exported from the start");
+        }
         assert_eq!(value(&t, "regrade_lease_held"), "1");
     }
 
@@ -628,7 +624,7 @@ mod tests {
         m.sampled(&sample(), Reading::Neither);
         m.step_ran(Direction::Down, StepResult::Done, Duration::from_secs(3), SystemTime::now());
         m.step_ran(Direction::Up, StepResult::Failed, Duration::from_millis(1500), SystemTime::now());
-        m.refused("api-unreachable");
+        m.refused(RefusalKind::ApiUnreachable);
         m.set_lease_held(true);
         let text = rendered(&m);
         let mut child = std::process::Command::new("promtool")
