@@ -19,6 +19,7 @@ pub mod actuator;
 pub mod cluster;
 pub mod fsutil;
 pub mod hold;
+pub mod metrics;
 pub mod notify;
 pub mod pressure;
 pub mod statefile;

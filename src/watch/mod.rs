@@ -21,6 +21,7 @@ use crate::cluster::StepEvent;
 use crate::config::Config;
 use crate::decide::Step;
 use crate::level::Level;
+use crate::metrics::{self, METRICS};
 use crate::pressure::Sampler;
 use crate::runtime::{lock_memory, runtime};
 use crate::step::{self, Outcome};
@@ -41,6 +42,14 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
     lock_memory();
     runtime()?.block_on(async {
+        if let Some(addr) = cfg.metrics.listen {
+            // Bound before anything else, so a busy address stops watch at once.
+            let listener = metrics::bind(addr)?;
+            // Healthy while samples keep coming: three periods, and slack for a slow one.
+            let max_age = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
+            tokio::spawn(metrics::serve(listener, &METRICS, max_age));
+            tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
+        }
         let backend = match mode {
             Mode::DryRun => backend::dry_run(cfg).await,
             Mode::Act => backend::real(cfg).await?,
@@ -94,6 +103,7 @@ impl<'a> Watcher<'a> {
             backend.cluster.disconnect();
         }
         tracing::info!(level = %level, dry_run = mode == Mode::DryRun, "regrade watch starting");
+        say_what_is_read(cfg, mode);
         let ticker = Ticker::new(cfg, sampler, levels, level, mode);
         Ok(Watcher {
             cfg,
@@ -256,6 +266,31 @@ async fn start_level(backend: &Backend, levels: &crate::levels::LevelsConfig, ac
         }
     }
     decision
+}
+
+/// Says at start, in words, what `watch` reads, from where, and how it decides.
+fn say_what_is_read(cfg: &Config, mode: Mode) {
+    let p = &cfg.pressure;
+    let metric = p.metric.as_str();
+    let (over, calm) = match p.mem_available_floor {
+        Some(f) => (
+            format!("{metric} >= {}% and MemAvailable below {} MiB", p.threshold, f.0 >> 20),
+            format!("{metric} below {}% and MemAvailable at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
+        ),
+        None => (format!("{metric} >= {}%", p.threshold), format!("{metric} below {}%", cfg.calm_threshold())),
+    };
+    tracing::info!(
+        "reading memory pressure from {} and MemAvailable from {} every {}: over when {over}, calm when {calm}; \
+         a step after {} of either, {} apart at least",
+        p.source.display(),
+        p.meminfo.display(),
+        crate::units::format_duration(p.sample_period.0),
+        crate::units::format_duration(p.sustain.0),
+        crate::units::format_duration(p.cooldown.0),
+    );
+    if mode == Mode::DryRun {
+        tracing::info!("dry run: steps are logged, and neither k3s nor the cluster is touched");
+    }
 }
 
 #[cfg(test)]
