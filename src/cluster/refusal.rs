@@ -22,16 +22,20 @@ pub enum RefusalKind {
     ApiError,
     /// This server's clock is too far off the API server's to judge peers' heartbeats.
     ClockSkew,
+    /// A NixOS switch that turns regrade off holds steps until regrade.service stops
+    /// (the hold file, `crate::hold`).
+    SwitchHold,
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 6] = [
+    pub const ALL: [RefusalKind; 7] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
         RefusalKind::ApiUnreachable,
         RefusalKind::ApiError,
         RefusalKind::ClockSkew,
+        RefusalKind::SwitchHold,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +46,7 @@ impl RefusalKind {
             RefusalKind::ApiUnreachable => "api-unreachable",
             RefusalKind::ApiError => "api-error",
             RefusalKind::ClockSkew => "clock-skew",
+            RefusalKind::SwitchHold => "switch-hold",
         }
     }
 }
