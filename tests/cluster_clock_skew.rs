@@ -44,7 +44,11 @@ fn a_skewed_clock_neither_takes_a_live_lease_nor_judges_a_stale_peer_fresh() {
         // true clock, for 60 s.
         let now = Timestamp::now();
         let live = Lease {
-            metadata: ObjectMeta { name: Some("skew".into()), namespace: Some("kube-system".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("skew".into()),
+                namespace: Some("kube-system".into()),
+                ..Default::default()
+            },
             spec: Some(LeaseSpec {
                 holder_identity: Some("skew-2/4242".into()),
                 lease_duration_seconds: Some(60),

@@ -285,7 +285,10 @@ impl KubeCluster {
             return Err(Refusal {
                 kind: RefusalKind::ClockSkew,
                 subject,
-                message: format!("{skew} (more than cluster.max_clock_skew = {}s): fix the clock (NTP) first", bound.as_secs()),
+                message: format!(
+                    "{skew} (more than cluster.max_clock_skew = {}s): fix the clock (NTP) first",
+                    bound.as_secs()
+                ),
             });
         }
         Ok(skew)
