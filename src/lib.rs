@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod decide;
+pub mod etcd;
 pub mod fsutil;
 pub mod level;
 pub mod logging;
