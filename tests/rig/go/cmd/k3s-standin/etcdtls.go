@@ -55,7 +55,10 @@ func pemBlock(path string) ([]byte, error) {
 	return blk.Bytes, nil
 }
 
-func serialNo() *big.Int { n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); return n }
+func serialNo() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	return n
+}
 
 // ensureCA makes dir/cert+key unless both exist, and returns them.
 func ensureCA(dir, certF, keyF, cn string) (*x509.Certificate, *ecdsa.PrivateKey, error) {

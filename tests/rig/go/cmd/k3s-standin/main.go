@@ -74,7 +74,9 @@
 // Test knobs: health-delay (/health answers 503 until that long after start);
 // kubelet-ready-delay; apiserver-wait-timeout;
 // file CONFIG_DIR/standin-fail-next-start: deleted, then exit 1 at once;
-// file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists.
+// file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists;
+// file CONFIG_DIR/standin-kill-etcd: the etcd member stops (ports closed) while the
+// agent keeps the Node Ready and its Lease fresh, until the next start without it.
 //
 // Usage: k3s-standin [server] [--flag=value ...]; run with -h for the flags.
 // The effective flags are written as JSON to --report-file and logged.
@@ -100,6 +102,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -153,6 +156,7 @@ var (
 	healthDelay   = fs.Duration("health-delay", 0, "test knob: /health answers 503 until this long after start")
 	failFile      = fs.String("fail-next-start-file", "", "test knob file (default CONFIG_DIR/standin-fail-next-start)")
 	neverFile     = fs.String("never-healthy-file", "", "test knob file (default CONFIG_DIR/standin-never-healthy)")
+	killEtcdFile  = fs.String("kill-etcd-file", "", "test knob file (default CONFIG_DIR/standin-kill-etcd)")
 	disableAPI    = fs.Bool("disable-apiserver", false, "do not run kube-apiserver; port answers 503")
 	disableAgent  = fs.Bool("disable-agent", false, "do not keep the Node, its Lease and node-password Secret")
 	_             = fs.Bool("disable-controller-manager", false, "recorded only")
@@ -298,6 +302,7 @@ func main() {
 	}
 	def(failFile, filepath.Join(*configDir, "standin-fail-next-start"))
 	def(neverFile, filepath.Join(*configDir, "standin-never-healthy"))
+	def(killEtcdFile, filepath.Join(*configDir, "standin-kill-etcd"))
 	listenClient, advertiseClient := defaultClientURLs(*nodeIP)
 	if *etcdClientURL != "" {
 		listenClient, advertiseClient, _ = strings.Cut(*etcdClientURL+",", ",")
@@ -425,11 +430,33 @@ func main() {
 		go exitWithoutAPIServer(ctx)
 	}
 
-	select {
-	case <-ctx.Done():
-		log.Printf("k3s-standin: stopping")
-	case err := <-e.Err():
-		log.Fatalf("k3s-standin: etcd: %v", err)
+	// Test knob: the etcd member dies (its ports close) while the rest of the server,
+	// the agent with its node Lease and Ready heartbeats included, keeps running.
+	var etcdKilled atomic.Bool
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(*killEtcdFile); err == nil {
+				log.Printf("k3s-standin: %s exists: stopping the etcd member, keeping the rest running", *killEtcdFile)
+				etcdKilled.Store(true)
+				e.Close()
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			log.Printf("k3s-standin: stopping")
+			done = true
+		case err := <-e.Err():
+			if !etcdKilled.Load() {
+				log.Fatalf("k3s-standin: etcd: %v", err)
+			}
+			log.Printf("k3s-standin: etcd member stopped by the kill-etcd knob (%v)", err)
+			<-ctx.Done()
+			done = true
+		}
 	}
 	sdNotify("STOPPING=1")
 	cancel()
