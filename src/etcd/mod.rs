@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::HumanDuration;
+use crate::units::HumanDuration;
 
 /// `[etcd]`
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
