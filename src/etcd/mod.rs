@@ -16,6 +16,9 @@
 pub mod client;
 pub mod gate;
 pub mod judge;
+pub mod restart;
+
+pub use restart::{NoRestartGate, RestartGate};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,6 +45,9 @@ pub struct EtcdConfig {
     /// A member whose applied raft index is more than this many entries behind the
     /// leader's is not caught up.
     pub max_raft_lag: u64,
+    /// After a restart, this member must be back in the list, healthy and caught up
+    /// within this, or the step fails (the Lease is held until then).
+    pub catch_up_timeout: HumanDuration,
 }
 
 /// Where k3s keeps etcd's certificates.
@@ -56,6 +62,7 @@ impl Default for EtcdConfig {
             key_file: PathBuf::from(K3S_ETCD_TLS).join("client.key"),
             request_timeout: HumanDuration(Duration::from_secs(3)),
             max_raft_lag: 1000,
+            catch_up_timeout: HumanDuration(Duration::from_secs(300)),
         }
     }
 }
@@ -73,6 +80,9 @@ impl EtcdConfig {
         }
         if self.request_timeout.0.is_zero() {
             anyhow::bail!("etcd.request_timeout must be more than 0");
+        }
+        if self.catch_up_timeout.0.is_zero() {
+            anyhow::bail!("etcd.catch_up_timeout must be more than 0");
         }
         if self.max_raft_lag == 0 {
             anyhow::bail!("etcd.max_raft_lag must be at least 1 (a follower is always a few entries behind)");
