@@ -283,11 +283,12 @@ fn field<'a>(v: &'a Value, name: &str) -> &'a str {
 /// The milestones of every step that ran on `s` (from regrade's journal), with the
 /// time each phase took. Refused steps (retried every sample) are left out.
 fn timeline(s: &Server, origin: f64) -> String {
-    const MILESTONES: [(&str, &str); 7] = [
+    const MILESTONES: [(&str, &str); 8] = [
         ("step failed; restoring", "k3s failed; restoring"),
         ("restarted k3s", "restart of k3s.service"),
         ("etcd is healthy after the restart", "etcd healthy"),
         ("the Node is Ready on a heartbeat newer", "Node Ready"),
+        ("this etcd member is back and caught up", "etcd member caught up"),
         ("released the Lease", "Lease released"),
         ("step done", "step done"),
         ("step failed", "STEP FAILED"),
