@@ -616,11 +616,11 @@ fn three_servers_end_to_end() {
 
     let api3 = Api3 { kubeconfig: certs.join("admin.kubeconfig") };
     common::block_on(scenario(&api3, &servers, &bin, &certs));
-    common::block_on(etcd_gate(&api3, &servers, &bin, &etcd_ca, &names));
-
     // server2's steps were by hand (`regrade step`), outside the daemon's journal.
     println!("\n== server1's steps (seconds since the containers were up; from regrade.service's journal) ==");
     println!("{}", timeline(&servers[0], origin));
+
+    common::block_on(etcd_gate(&api3, &servers, &bin, &etcd_ca, &names));
     println!("[done] whole scenario in {:.1}s", t_start.elapsed().as_secs_f64());
     drop(servers);
     drop(network);
@@ -920,6 +920,16 @@ async fn old_gate_passes(api: &kube::Client, peer: &str) -> bool {
     node_ready(api, peer).await && !voter_false && label(&n).is_none()
 }
 
+/// Waits until `name`'s Node is Ready on a fresh node Lease (a restarted stand-in
+/// reports Ready=False first, as a restarted kubelet does).
+async fn wait_node_ready(api: &kube::Client, name: &str, within: Duration) {
+    let t = Instant::now();
+    while !node_ready(api, name).await {
+        assert!(t.elapsed() < within, "Node {name} not Ready within {within:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Waits until the etcd gate on `s` would let a restart through again: every member
 /// healthy (after a fault is healed), seen through `regrade status`.
 fn wait_gate_clear(s: &Server, within: Duration) {
@@ -966,6 +976,7 @@ async fn etcd_gate(api3: &Api3, servers: &[Server], bin: &Path, etcd_ca: &Path, 
     std::fs::remove_file(&knob).unwrap();
     s3.systemctl(&["restart", "k3s.service"]);
     wait_gate_clear(s1, Duration::from_secs(120));
+    wait_node_ready(&a2, "server3", Duration::from_secs(60)).await;
     s1.c.exec(&["regrade", "step", "down"]);
     assert_eq!(s1.level(), "etcd-only");
     std::fs::write(&knob, "").unwrap();
@@ -979,6 +990,7 @@ async fn etcd_gate(api3: &Api3, servers: &[Server], bin: &Path, etcd_ca: &Path, 
     std::fs::remove_file(&knob).unwrap();
     s3.systemctl(&["restart", "k3s.service"]);
     wait_gate_clear(s1, Duration::from_secs(120));
+    wait_node_ready(&a2, "server3", Duration::from_secs(60)).await;
     s1.c.exec(&["regrade", "step", "up"]);
     assert_eq!(s1.level(), "control-plane");
     phase(&format!("9a. ... and out of etcd-only: refused ({why}); healed, stepped up to control-plane"));
