@@ -1,6 +1,6 @@
 //! `simulate` replays a trace through the decision core; `record` writes such a trace
-//! from the live files (README, "Simulate and record"). The CSV columns and the JSON
-//! lines are a contract.
+//! from the live files (README, "Commands"; docs/behaviour.md, "Decision rules"). The
+//! CSV columns and the JSON lines are a contract.
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -153,6 +153,7 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
     let mut out = out.lock();
     writeln!(out, "{}", COLUMNS.join(","))?;
     out.flush()?;
+    // `record` runs no async runtime: std's clock and a blocking sleep serve it.
     let start = Instant::now();
     let mut n = 0u64;
     while count.is_none_or(|c| n < c) {

@@ -90,22 +90,12 @@ pub struct HumanDuration(pub Duration);
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = HumanDuration;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration such as \"30s\", \"5m\" or \"250ms\"")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<HumanDuration, E> {
-                parse_duration(s).map(HumanDuration).map_err(E::custom)
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<HumanDuration, E> {
-                u64::try_from(n)
-                    .map(|s| HumanDuration(Duration::from_secs(s)))
-                    .map_err(|_| E::custom(format!("{n} is negative; a duration must be 0 or more")))
-            }
-        }
-        d.deserialize_any(V)
+        d.deserialize_any(Written {
+            expecting: "a duration such as \"30s\", \"5m\" or \"250ms\"",
+            what: "a duration",
+            parse: |s| parse_duration(s).map(HumanDuration),
+            whole: |n| HumanDuration(Duration::from_secs(n)),
+        })
     }
 }
 
@@ -121,28 +111,43 @@ pub struct ByteSize(pub u64);
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size such as \"512MiB\" or \"2GiB\", or a number of bytes")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<ByteSize, E> {
-                parse_bytes(s).map(ByteSize).map_err(E::custom)
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<ByteSize, E> {
-                u64::try_from(n)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("{n} is negative; a size must be 0 or more")))
-            }
-        }
-        d.deserialize_any(V)
+        d.deserialize_any(Written {
+            expecting: "a size such as \"512MiB\" or \"2GiB\", or a number of bytes",
+            what: "a size",
+            parse: |s| parse_bytes(s).map(ByteSize),
+            whole: ByteSize,
+        })
     }
 }
 
 impl Serialize for ByteSize {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(self.0)
+    }
+}
+
+/// Reads a value the configuration writes as a string (`parse`) or a whole number
+/// (`whole`: seconds, bytes), refusing a negative number.
+struct Written<T> {
+    expecting: &'static str,
+    /// "a duration", "a size": for the error on a negative number.
+    what: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+    whole: fn(u64) -> T,
+}
+
+impl<T> de::Visitor<'_> for Written<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<T, E> {
+        (self.parse)(s).map_err(E::custom)
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<T, E> {
+        u64::try_from(n)
+            .map(self.whole)
+            .map_err(|_| E::custom(format!("{n} is negative; {} must be 0 or more", self.what)))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The module import graph of the library's non-test code (issue 17): printed, and
-//! checked for two rules. No cycle between top-level modules; and the core (`decide`)
-//! imports only value modules, which themselves import only value modules, so the core
-//! cannot reach a file, the API or k3s however deep one follows its imports.
+//! checked. No cycle between top-level modules; the core (`decide`) imports only value
+//! modules, which themselves import only value modules, so the core cannot reach a
+//! file, the API or k3s however deep one follows its imports; nothing but `main.rs`
+//! imports the command line (`cli`); and only `cluster` uses the Kubernetes API crates,
+//! only `actuator` the D-Bus and Docker ones.
 //!
 //! It reads `src/` as text: every `crate::NAME` path (in `use` items and inline) of a
 //! file outside its `#[cfg(test)]` items is an edge from the file's top-level module
@@ -213,6 +215,11 @@ fn check(g: &Graph) -> Result<(), String> {
     if let Some(c) = find_cycle(g) {
         return Err(format!("import cycle: {}", c.join(" -> ")));
     }
+    let on_cli: Vec<_> =
+        g.iter().filter(|(m, deps)| *m != "main" && deps.contains("cli")).map(|(m, _)| m.as_str()).collect();
+    if !on_cli.is_empty() {
+        return Err(format!("the library imports the command line: {} -> cli", on_cli.join(", ")));
+    }
     let not_value: Vec<_> = reach(g, CORE).into_iter().filter(|m| !VALUE_MODULES.contains(&m.as_str())).collect();
     if !not_value.is_empty() {
         return Err(format!(
@@ -293,6 +300,8 @@ fn the_checker_sees_a_cycle_and_a_core_that_reaches_an_edge() {
     assert!(e.contains("cycle") && e.contains("cluster -> config -> cluster"), "{e}");
     let e = check(&g(&[("decide", "levels"), ("levels", "config")])).unwrap_err();
     assert!(e.contains("config"), "{e}");
+    let e = check(&g(&[("decide", "level"), ("watch", "cli"), ("main", "cli")])).unwrap_err();
+    assert!(e.contains("watch -> cli"), "{e}");
 }
 
 #[test]
