@@ -15,6 +15,7 @@ pub mod level;
 pub mod logging;
 pub mod notify;
 pub mod pressure;
+pub mod psi_trigger;
 pub mod simulate;
 pub mod statefile;
 pub mod status;
