@@ -608,8 +608,10 @@ mod tests {
             eprintln!("skipped: no {}", path.display());
             return;
         }
-        // A threshold no calm machine reaches in a 2 s window.
-        let t = Trigger::arm(path, Spec::for_threshold(Metric::SomeAvg10, 90.0)).unwrap();
+        // Stall for all of a 2 s window: rare, but this machine is shared, and other
+        // work can stall memory, so a real fire is allowed (the kernel sends at most
+        // one per window).
+        let t = Trigger::arm(path, Spec::for_threshold(Metric::SomeAvg10, 100.0)).unwrap();
         rt().block_on(async {
             let ms = Duration::from_millis;
             let mut p = Pacer::with_safety(ms(10), ms(0), ms(300), Some(t), None).unwrap();
@@ -623,8 +625,10 @@ mod tests {
             }
             // Polling at 10 ms would have woken about 100 times; a trigger watched for
             // readability (always true of a /proc file) would have spun.
-            assert!(wakes.iter().all(|w| *w == Wake::Sample(Cause::SafetyTimeout)), "{wakes:?}");
-            assert!((3..=4).contains(&wakes.len()), "{wakes:?}");
+            let safety = wakes.iter().filter(|w| **w == Wake::Sample(Cause::SafetyTimeout)).count();
+            let fired = wakes.iter().filter(|w| **w == Wake::Sample(Cause::Fired)).count();
+            assert_eq!(safety + fired, wakes.len(), "{wakes:?}");
+            assert!(safety >= 2 && fired <= 1 && wakes.len() <= 5, "{wakes:?}");
         });
     }
 
