@@ -296,9 +296,18 @@ pub const SAFETY_TIMEOUT: Duration = Duration::from_secs(300);
 /// (see the module's header). The trigger stays armed all the time, so one that fires
 /// while `watch` polls is still pending when it goes back to the trigger, and costs one
 /// extra sample at most.
+///
+/// Asleep on the trigger, the only clock is a timerfd set to the next ping or the
+/// safety timeout, and no Tokio timer is left registered: Tokio's hierarchical timer
+/// wheel wakes the thread at each coarser slot boundary on the way to a far deadline
+/// (three wake-ups for a 5 s sleep, more for 5 minutes), a timerfd wakes it once.
+/// Polling keeps Tokio's interval, as before (and tests with paused time drive it).
 pub struct Pacer<T: AsRawFd = Trigger> {
-    ticks: tokio::time::Interval,
+    period: Duration,
+    /// `None` asleep on the trigger: a dropped interval leaves nothing in the wheel.
+    ticks: Option<tokio::time::Interval>,
     trigger: Option<tokio::io::unix::AsyncFd<T>>,
+    timer: Option<tokio::io::unix::AsyncFd<TimerFd>>,
     watchdog: Option<Pings>,
     mode: Pacing,
     /// After a fire, how long samples must stay calm before sleeping again: the
@@ -306,6 +315,13 @@ pub struct Pacer<T: AsRawFd = Trigger> {
     hold: Duration,
     last_fire: Option<tokio::time::Instant>,
     safety: Duration,
+}
+
+/// A sampling interval whose first tick is one period from now (or now).
+fn interval_from(start: tokio::time::Instant, period: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval_at(start, period);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
 }
 
 impl<T: AsRawFd> Pacer<T> {
@@ -322,23 +338,33 @@ impl<T: AsRawFd> Pacer<T> {
         trigger: Option<T>,
         watchdog: Option<Duration>,
     ) -> io::Result<Self> {
-        let mut ticks = tokio::time::interval(period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let trigger = trigger
-            .map(|t| {
-                // SAFETY: the Pacer owns `t`, and so its descriptor, for as long as the
-                // registration lives; nothing closes or replaces it meanwhile.
-                unsafe { tokio::io::unix::AsyncFd::register_with_interest(t, tokio::io::Interest::PRIORITY) }
-                    .map_err(io::Error::from)
-            })
-            .transpose()?;
+        fn register<F: AsRawFd>(fd: F, interest: tokio::io::Interest) -> io::Result<tokio::io::unix::AsyncFd<F>> {
+            // SAFETY: the Pacer owns the descriptor for as long as the registration
+            // lives; nothing closes or replaces it meanwhile.
+            unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
+        }
+        let (trigger, timer) = match trigger {
+            Some(t) => (
+                Some(register(t, tokio::io::Interest::PRIORITY)?),
+                Some(register(TimerFd::new()?, tokio::io::Interest::READABLE)?),
+            ),
+            None => (None, None),
+        };
         let watchdog = watchdog.map(|p| {
-            let mut i = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let per_safety = (safety.as_millis() / p.as_millis().max(1)).max(1) as u32;
-            Pings { interval: i, pings: 0, per_safety }
+            Pings { period: p, pings: 0, per_safety }
         });
-        Ok(Pacer { ticks, trigger, watchdog, mode: Pacing::Polling, hold, safety, last_fire: None })
+        Ok(Pacer {
+            period,
+            ticks: Some(interval_from(tokio::time::Instant::now(), period)),
+            trigger,
+            timer,
+            watchdog,
+            mode: Pacing::Polling,
+            hold,
+            safety,
+            last_fire: None,
+        })
     }
 
     pub fn mode(&self) -> Pacing {
@@ -358,31 +384,37 @@ impl<T: AsRawFd> Pacer<T> {
         if want == self.mode {
             return None;
         }
-        match want {
-            // The next sample one period after this one, as when polling all along.
-            Pacing::Polling => self.ticks.reset(),
-            // Polling pinged at every sample: the next ping is due a period from now.
-            Pacing::Trigger => {
-                if let Some(w) = &mut self.watchdog {
-                    w.interval.reset();
-                    w.pings = 0;
-                }
-            }
-        }
-        self.mode = want;
+        self.set_mode(want, now);
         Some(want)
+    }
+
+    fn set_mode(&mut self, mode: Pacing, now: tokio::time::Instant) {
+        self.ticks = match mode {
+            // The next sample one period after this one, as when polling all along.
+            Pacing::Polling => Some(interval_from(now + self.period, self.period)),
+            Pacing::Trigger => None,
+        };
+        if let Some(w) = &mut self.watchdog {
+            // Polling pinged at every sample: the next ping is due a period from now.
+            w.pings = 0;
+        }
+        self.mode = mode;
     }
 
     /// Waits for the next sample (or, asleep on the trigger under systemd, the next ping).
     pub async fn next(&mut self) -> Wake {
-        if self.mode == Pacing::Polling {
-            self.ticks.tick().await;
-            return Wake::Sample(Cause::Period);
-        }
-        let Some(trigger) = &self.trigger else {
-            self.mode = Pacing::Polling;
+        let (Pacing::Trigger, Some(trigger), Some(timer)) = (self.mode, &self.trigger, &self.timer) else {
+            let ticks = self.ticks.get_or_insert_with(|| interval_from(tokio::time::Instant::now(), self.period));
+            ticks.tick().await;
             return Wake::Sample(Cause::Period);
         };
+        let due = self.watchdog.as_ref().map_or(self.safety, |w| w.period);
+        if let Err(e) = timer.get_ref().set(due) {
+            tracing::warn!(error = %e, "could not set the safety timer; sampling every period from now on");
+            self.trigger = None;
+            self.set_mode(Pacing::Polling, tokio::time::Instant::now());
+            return Wake::Sample(Cause::SafetyTimeout);
+        }
         let fired = async {
             let mut guard = trigger.ready(tokio::io::Interest::PRIORITY).await?;
             let error = guard.ready().is_error();
@@ -392,41 +424,38 @@ impl<T: AsRawFd> Pacer<T> {
             }
             Ok(())
         };
-        let (watchdog, safety) = (&mut self.watchdog, self.safety);
-        let pinged = async {
-            match watchdog {
-                Some(w) => {
-                    w.interval.tick().await;
-                    w.pings += 1;
-                    // The safety sample rides on a ping, so it costs no wake-up of its own.
-                    w.pings >= w.per_safety
-                }
-                None => {
-                    tokio::time::sleep(safety).await;
-                    true
+        let timed_out = async {
+            loop {
+                let Ok(mut guard) = timer.readable().await else { return };
+                match guard.try_io(|t| t.get_ref().read()) {
+                    Ok(_) => return,
+                    Err(_would_block) => continue,
                 }
             }
         };
         let woke = tokio::select! {
-            r = fired => Err(r),
-            safety = pinged => Ok(safety),
+            r = fired => Some(r),
+            _ = timed_out => None,
         };
         match woke {
-            Ok(false) => Wake::Watchdog,
-            Ok(true) => {
-                if let Some(w) = &mut self.watchdog {
-                    w.pings = 0;
+            None => {
+                let Some(w) = &mut self.watchdog else { return Wake::Sample(Cause::SafetyTimeout) };
+                w.pings += 1;
+                // The safety sample rides on a ping, so it costs no wake-up of its own.
+                if w.pings < w.per_safety {
+                    return Wake::Watchdog;
                 }
+                w.pings = 0;
                 Wake::Sample(Cause::SafetyTimeout)
             }
-            Err(r) => {
+            Some(r) => {
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "the PSI trigger failed; sampling every period from now on");
                     self.trigger = None;
                 }
-                self.last_fire = Some(tokio::time::Instant::now());
-                self.mode = Pacing::Polling;
-                self.ticks.reset();
+                let now = tokio::time::Instant::now();
+                self.last_fire = Some(now);
+                self.set_mode(Pacing::Polling, now);
                 Wake::Sample(Cause::Fired)
             }
         }
@@ -435,10 +464,56 @@ impl<T: AsRawFd> Pacer<T> {
 
 /// The watchdog's pings while asleep on the trigger.
 struct Pings {
-    interval: tokio::time::Interval,
-    /// Pings since the last sample, and how many make [`SAFETY_TIMEOUT`].
+    period: Duration,
+    /// Pings since the last sample, and how many make the safety timeout.
     pings: u32,
     per_safety: u32,
+}
+
+/// A one-shot CLOCK_MONOTONIC timerfd.
+struct TimerFd(std::os::fd::OwnedFd);
+
+impl TimerFd {
+    fn new() -> io::Result<TimerFd> {
+        // SAFETY: plain syscall; the descriptor returned is owned below.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nothing else owns.
+        Ok(TimerFd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Expires once, `after` from now (also clearing an expiry not yet read).
+    fn set(&self, after: Duration) -> io::Result<()> {
+        let after = after.max(Duration::from_nanos(1)); // zero would disarm it
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec { tv_sec: after.as_secs() as libc::time_t, tv_nsec: after.subsec_nanos() as _ },
+        };
+        // SAFETY: a valid itimerspec; the old value is not wanted.
+        if unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reads the expiry count; `WouldBlock` when it has not expired.
+    fn read(&self) -> io::Result<u64> {
+        let mut n = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into an 8-byte buffer.
+        let r = unsafe { libc::read(self.0.as_raw_fd(), n.as_mut_ptr().cast(), 8) };
+        if r != 8 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(u64::from_ne_bytes(n))
+    }
+}
+
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
 }
 
 /// Names the reason an open or write failed, by errno and kernel version.
