@@ -197,6 +197,11 @@ impl Trigger {
         self.spec
     }
 
+    /// The armed descriptor, for [`Pacer`]; closing it disarms the trigger.
+    pub fn into_fd(self) -> std::os::fd::OwnedFd {
+        self.file.into()
+    }
+
     /// Blocks until the trigger fires (true) or `timeout` passes (false). `watch`
     /// waits through epoll instead (see [`Trigger::as_fd`]); this is for tools and tests.
     pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
@@ -302,11 +307,11 @@ pub const SAFETY_TIMEOUT: Duration = Duration::from_secs(300);
 /// wheel wakes the thread at each coarser slot boundary on the way to a far deadline
 /// (three wake-ups for a 5 s sleep, more for 5 minutes), a timerfd wakes it once.
 /// Polling keeps Tokio's interval, as before (and tests with paused time drive it).
-pub struct Pacer<T: AsRawFd = Trigger> {
+pub struct Pacer {
     period: Duration,
     /// `None` asleep on the trigger: a dropped interval leaves nothing in the wheel.
     ticks: Option<tokio::time::Interval>,
-    trigger: Option<tokio::io::unix::AsyncFd<T>>,
+    trigger: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
     timer: Option<tokio::io::unix::AsyncFd<TimerFd>>,
     watchdog: Option<Pings>,
     mode: Pacing,
@@ -324,9 +329,15 @@ fn interval_from(start: tokio::time::Instant, period: Duration) -> tokio::time::
     i
 }
 
-impl<T: AsRawFd> Pacer<T> {
+impl Pacer {
     /// `watchdog`: the ping period when systemd wants pings. Needs a Tokio runtime.
-    pub fn new(period: Duration, hold: Duration, trigger: Option<T>, watchdog: Option<Duration>) -> io::Result<Self> {
+    /// `trigger`: an armed [`Trigger`]'s descriptor ([`Trigger::into_fd`]).
+    pub fn new(
+        period: Duration,
+        hold: Duration,
+        trigger: Option<std::os::fd::OwnedFd>,
+        watchdog: Option<Duration>,
+    ) -> io::Result<Self> {
         Self::with_safety(period, hold, SAFETY_TIMEOUT, trigger, watchdog)
     }
 
@@ -335,7 +346,7 @@ impl<T: AsRawFd> Pacer<T> {
         period: Duration,
         hold: Duration,
         safety: Duration,
-        trigger: Option<T>,
+        trigger: Option<std::os::fd::OwnedFd>,
         watchdog: Option<Duration>,
     ) -> io::Result<Self> {
         fn register<F: AsRawFd>(fd: F, interest: tokio::io::Interest) -> io::Result<tokio::io::unix::AsyncFd<F>> {
@@ -564,7 +575,7 @@ fn kernel_before(release: &str, (major, minor): (u32, u32)) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -650,30 +661,19 @@ mod tests {
 
     /// A real kernel POLLPRI source the test controls: urgent (out-of-band) data on a
     /// loopback TCP connection is reported as POLLPRI, as a fired PSI trigger is.
-    struct Urgent {
-        rx: std::net::TcpStream,
-        tx: std::net::TcpStream,
+    /// Returns the end to watch and the end to [`fire`] through.
+    pub(crate) fn urgent() -> (std::os::fd::OwnedFd, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        (rx.into(), tx)
     }
 
-    impl Urgent {
-        fn new() -> Urgent {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-            let (rx, _) = l.accept().unwrap();
-            rx.set_nonblocking(true).unwrap();
-            Urgent { rx, tx }
-        }
-        fn fire(&self) {
-            // SAFETY: one byte from a valid buffer on an open socket.
-            let n = unsafe { libc::send(self.tx.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
-            assert_eq!(n, 1);
-        }
-    }
-
-    impl AsRawFd for Urgent {
-        fn as_raw_fd(&self) -> std::os::fd::RawFd {
-            self.rx.as_raw_fd()
-        }
+    pub(crate) fn fire(tx: &std::net::TcpStream) {
+        // SAFETY: one byte from a valid buffer on an open socket.
+        let n = unsafe { libc::send(tx.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
+        assert_eq!(n, 1);
     }
 
     #[test]
@@ -689,7 +689,7 @@ mod tests {
         let t = Trigger::arm(path, Spec::for_threshold(Metric::SomeAvg10, 100.0)).unwrap();
         rt().block_on(async {
             let ms = Duration::from_millis;
-            let mut p = Pacer::with_safety(ms(10), ms(0), ms(300), Some(t), None).unwrap();
+            let mut p = Pacer::with_safety(ms(10), ms(0), ms(300), Some(t.into_fd()), None).unwrap();
             assert_eq!(p.next().await, Wake::Sample(Cause::Period), "polling until told calm");
             assert_eq!(p.after_sample(true), Some(Pacing::Trigger));
             let start = std::time::Instant::now();
@@ -709,8 +709,7 @@ mod tests {
 
     #[test]
     fn a_fire_wakes_at_once_then_samples_every_period_until_calm_for_the_hold() {
-        let u = Urgent::new();
-        let tx = u.tx.try_clone().unwrap();
+        let (u, tx) = urgent();
         rt().block_on(async {
             let ms = Duration::from_millis;
             let mut p = Pacer::with_safety(ms(50), ms(400), Duration::from_secs(60), Some(u), None).unwrap();
@@ -720,8 +719,7 @@ mod tests {
             let fire_at = std::time::Instant::now() + ms(200);
             std::thread::spawn(move || {
                 std::thread::sleep(ms(200));
-                let n = unsafe { libc::send(tx.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
-                assert_eq!(n, 1);
+                fire(&tx);
             });
             assert_eq!(p.next().await, Wake::Sample(Cause::Fired));
             let woke = std::time::Instant::now();
@@ -744,8 +742,8 @@ mod tests {
 
     #[test]
     fn a_fire_while_polling_is_not_lost() {
-        let u = Urgent::new();
-        u.fire();
+        let (u, tx) = urgent();
+        fire(&tx);
         rt().block_on(async {
             let ms = Duration::from_millis;
             let mut p = Pacer::with_safety(ms(10), ms(0), Duration::from_secs(60), Some(u), None).unwrap();
@@ -762,7 +760,7 @@ mod tests {
 
     #[test]
     fn under_systemd_asleep_on_the_trigger_only_pings_and_samples_on_a_ping() {
-        let u = Urgent::new();
+        let (u, _tx) = urgent();
         rt().block_on(async {
             let ms = Duration::from_millis;
             // Pings every 100 ms, a safety sample every 400 ms (on the 4th ping).
@@ -790,7 +788,7 @@ mod tests {
     fn without_a_trigger_it_polls_even_when_calm() {
         rt().block_on(async {
             let ms = Duration::from_millis;
-            let mut p: Pacer<Urgent> = Pacer::with_safety(ms(10), ms(0), ms(50), None, None).unwrap();
+            let mut p = Pacer::with_safety(ms(10), ms(0), ms(50), None, None).unwrap();
             for _ in 0..5 {
                 assert_eq!(p.next().await, Wake::Sample(Cause::Period));
                 assert_eq!(p.after_sample(true), None);
