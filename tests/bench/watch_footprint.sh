@@ -16,6 +16,7 @@
 #
 #   bash tests/bench/watch_footprint.sh [SECONDS]      (default 20)
 #   REGRADE_BENCH_PERIOD=1s ...                        (regrade's sample_period, default 5s)
+#   REGRADE_BENCH_BIN=path/to/regrade ...              (another build, e.g. to compare)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-20}
@@ -25,8 +26,11 @@ psi=${REGRADE_BENCH_PSI:-/proc/pressure/memory}
 if ! command -v earlyoom >/dev/null; then
   apt-get install -y earlyoom >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y earlyoom >/dev/null; }
 fi
-cargo build --release --quiet
-bin=target/release/regrade
+bin=${REGRADE_BENCH_BIN:-}
+if [ -z "$bin" ]; then
+  cargo build --release --quiet
+  bin=target/release/regrade
+fi
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
