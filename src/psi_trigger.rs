@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Metric;
+use crate::decide::{Reading, Settings, State};
+use crate::level::Level;
 
 /// The trigger's window: the shortest one the kernel allows without CAP_SYS_RESOURCE.
 pub const WINDOW: Duration = Duration::from_secs(2);
@@ -182,9 +184,14 @@ impl Trigger {
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
             .map_err(|cause| classify(path, &release, spec, cause))?;
-        // One write: the kernel takes the trigger from a single buffer.
-        match file.write(&spec.text()) {
-            Ok(_) => Ok(Trigger { file, path: path.to_path_buf(), spec }),
+        // One write: the kernel takes the trigger from a single buffer, whole or not at all.
+        let text = spec.text();
+        match file.write(&text) {
+            Ok(n) if n == text.len() => Ok(Trigger { file, path: path.to_path_buf(), spec }),
+            Ok(n) => Err(CannotArm::Io {
+                path: path.to_path_buf(),
+                cause: io::Error::other(format!("the kernel took {n} of the trigger's {} bytes", text.len())),
+            }),
             Err(cause) => Err(classify(path, &release, spec, cause)),
         }
     }
@@ -293,6 +300,13 @@ pub enum Cause {
 /// How long `watch` sleeps on a trigger at most. Long, as a quiet trigger is the
 /// normal case; it bounds how late a hand step at `full` is noticed.
 pub const SAFETY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// After a fire, how long samples must stay calm before `watch` sleeps on the trigger
+/// again: the averages lag the stall (avg10's time constant is 10 s), so a calm sample
+/// just after a fire says little. A fresh trigger also fires once or twice in its
+/// first seconds with no stall to speak of (seen on 6.18: the kernel's window starts
+/// from stale totals), which this keeps to a few samples.
+pub const HOLD_AFTER_FIRE: Duration = Duration::from_secs(10);
 
 /// Chooses how `watch` waits: every `sample_period`, or on the trigger.
 ///
@@ -525,6 +539,33 @@ impl AsRawFd for TimerFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.0.as_raw_fd()
     }
+}
+
+/// Arms the trigger `watch` sleeps on, for `metric` at `threshold` on `source`, and
+/// says so in the journal, once: armed, or why not (then `watch` polls). Returns the
+/// descriptor for [`Pacer`] and the words `status` shows.
+pub fn arm_for_watch(source: &Path, metric: Metric, threshold: f64) -> (Option<std::os::fd::OwnedFd>, String) {
+    let spec = Spec::for_threshold(metric, threshold);
+    match Trigger::arm(source, spec) {
+        Ok(t) => {
+            tracing::info!(trigger = %spec, path = %source.display(), "PSI trigger armed: calm at the top level, watch sleeps until memory stalls");
+            (Some(t.into_fd()), format!("\"{spec}\" on {}", source.display()))
+        }
+        Err(e) => {
+            tracing::warn!(reason = %e, "cannot arm a PSI trigger; sampling every sample_period instead");
+            (None, format!("none: {e}"))
+        }
+    }
+}
+
+/// Whether the core may sleep on the trigger: at the top level, the last sample calm,
+/// and no streak under way that could lead to a step. Only a step down can happen
+/// there, and only after a sample at `threshold`, which the trigger announces.
+pub fn calm_at_top(state: &State, reading: Option<Reading>, settings: &Settings, levels: &[Level]) -> bool {
+    levels.first() == Some(&state.level)
+        && reading == Some(Reading::Calm)
+        && state.over_since.is_none()
+        && state.next_step_at(settings, levels).is_none()
 }
 
 /// Names the reason an open or write failed, by errno and kernel version.

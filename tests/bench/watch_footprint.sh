@@ -65,7 +65,9 @@ rpid=$!
 # killing, -r 0 from printing a memory report every second (which it would otherwise).
 earlyoom -m 1 -s 1 --dryrun -r 0 >"$work/earlyoom.log" 2>&1 &
 epid=$!
-sleep 3 # past both start-ups (regrade's first sample, arming its trigger)
+# Past both start-ups: regrade's first samples, and the one or two fires a fresh PSI
+# trigger gives in its first seconds (each followed by 10 s of sampling).
+sleep "${REGRADE_BENCH_WARMUP:-25}"
 for p in $rpid $epid; do kill -0 $p 2>/dev/null || { echo "a program died at start:"; cat "$work"/*.log; exit 1; }; done
 
 threads $rpid >"$work/r0"; threads $epid >"$work/e0"; t0=$(date +%s.%N)
