@@ -65,8 +65,10 @@ echo "== regrade watch --dry-run on /proc/pressure/memory (threshold $threshold,
 env -u NOTIFY_SOCKET -u WATCHDOG_USEC REGRADE_LOG=debug \
   "$bin" --config "$work/regrade.toml" watch --dry-run 2>"$work/watch.log" &
 wpid=$!
-sleep 8 # calm: the first samples, then asleep on the trigger
-grep -q 'mode=trigger\|PSI trigger armed' "$work/watch.log" || { echo "watch did not arm its trigger:"; cat "$work/watch.log"; exit 1; }
+# Calm: the first samples, a fresh trigger's one or two early fires and their 10 s of
+# sampling, then asleep on the trigger.
+sleep 25
+tail -n1 "$work/watch.log" | grep -q 'pacing=trigger' || { echo "watch is not asleep on its trigger:"; cat "$work/watch.log"; exit 1; }
 
 echo "== thrashing inside $cg (200 MiB limit) for up to 90 s"
 start=$(date +%s.%N)
@@ -93,25 +95,30 @@ kill $tpid 2>/dev/null || true
 sleep 1
 kill $wpid; wait $wpid 2>/dev/null || true
 
-# Strips ANSI colour; the fmt layer starts each line with an RFC 3339 time.
-sed 's/\x1b\[[0-9;]*m//g' "$work/watch.log" >"$work/plain.log"
-echo "== watch's log from the thrash on (samples and decisions):"
-awk -v s="$start" '{print}' "$work/plain.log" | grep -E 'trigger|stepping|step done|refused|sample' |
-  awk -v start="$start" '
-    { cmd = "date -d " $1 " +%s.%N"; cmd | getline t; close(cmd); if (t + 0 >= start - 0.5) printf "%+7.2fs  %s\n", t - start, $0 }' |
-  cut -c1-220 | grep -v 'decision=Calm' | head -40
-fire=$(grep -m1 'trigger fired' "$work/plain.log" | awk '{print $1}')
-[ -n "$fire" ] || { echo "RESULT: the trigger never fired"; exit 1; }
-first=$(awk -v f="$fire" '$1 >= f && /sample/ {print $1; exit}' "$work/plain.log")
-ft=$(date -d "$fire" +%s.%N); st=$(date -d "$first" +%s.%N)
-awk -v s="$start" -v f="$ft" -v x="$st" 'BEGIN {
-  printf "RESULT: trigger fired %.2f s into the thrash; first sample %.3f s after the fire\n", f - s, x - f }'
-if grep -q 'step done' "$work/plain.log"; then
-  d=$(grep -m1 'step done' "$work/plain.log" | awk '{print $1}')
-  o=$(grep -m1 'decision=Over' "$work/plain.log" | awk '{print $1}')
-  awk -v s="$start" -v d="$(date -d "$d" +%s.%N)" -v o="$(date -d "$o" +%s.%N)" 'BEGIN {
-    printf "RESULT: first over sample %.1f s into the thrash; dry-run step down %.1f s into it (%.1f s of over)\n", o - s, d - s, d - o }'
-else
-  echo "RESULT: no step within the thrash (PSI stayed under threshold $threshold?)"
-  exit 1
-fi
+# The fmt layer starts each line with an RFC 3339 time; times below are from the thrash's start.
+python3 - "$work/watch.log" "$start" <<'PY'
+import datetime, re, sys
+start = float(sys.argv[2])
+rows = []
+for line in open(sys.argv[1]):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip()
+    try:
+        t = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
+    except (ValueError, IndexError):
+        continue
+    rows.append((t - start, line))
+print("== watch's log from 2 s before the thrash (samples, fires, decisions):")
+for dt, line in rows:
+    if dt >= -2:
+        print("%+7.2fs  %s" % (dt, line.split(None, 1)[1][:200]))
+fire = next((dt for dt, l in rows if dt >= 0 and "trigger fired" in l), None)
+if fire is None:
+    print("RESULT: the trigger never fired"); sys.exit(1)
+first = next((dt for dt, l in rows if dt >= fire and " sample " in l + " "), None)
+over = next((dt for dt, l in rows if dt >= 0 and "decision=Over" in l), None)
+done = next((dt for dt, l in rows if dt >= 0 and "step done" in l), None)
+print("RESULT: trigger fired %.2f s into the thrash; first sample %.3f s after the fire" % (fire, first - fire))
+if done is None:
+    print("RESULT: no step within the thrash (PSI under the threshold?)"); sys.exit(1)
+print("RESULT: first over sample %.1f s into the thrash; dry-run step down at %.1f s (%.1f s of over)" % (over, done, done - over))
+PY

@@ -83,12 +83,12 @@ delta() { # before after -> "cpu_ns slices threads_lost"
 }
 read -r rc rs rlost < <(delta "$work/r0" "$work/r1")
 read -r ec es elost < <(delta "$work/e0" "$work/e1")
-mode=$(grep -o 'mode=[a-z-]*' "$work/regrade.log" | tail -n1 || true)
+mode=$(grep -o 'pacing=[a-z]*' "$work/regrade.log" | tail -n1 || true)
 
 awk -v wall0="$t0" -v wall1="$t1" -v rc="$rc" -v rs="$rs" -v ec="$ec" -v es="$es" \
     -v rrss="$(field $rpid VmRSS)" -v rhwm="$(field $rpid VmHWM)" -v rlck="$(field $rpid VmLck)" \
     -v erss="$(field $epid VmRSS)" -v ehwm="$(field $epid VmHWM)" -v elck="$(field $epid VmLck)" \
-    -v period="$period" -v mode="${mode:-mode=?}" -v strict="${REGRADE_BENCH_STRICT:-0}" 'BEGIN {
+    -v period="$period" -v mode="${mode:-pacing=?}" -v strict="${REGRADE_BENCH_STRICT:-0}" 'BEGIN {
   wall = wall1 - wall0; m = 60 / wall
   printf "calm host, real /proc files, %.1f s window; figures per minute\n", wall
   printf "%-30s %10s %10s %12s %9s %9s %9s\n", "", "CPU ms", "wake-ups", "CPU/wake us", "VmRSS MiB", "VmHWM MiB", "VmLck MiB"
