@@ -1,5 +1,5 @@
 # services.regrade: steps a k3s server down under memory pressure without losing its
-# etcd vote, one server at a time (shared/SPEC.md §7).
+# etcd vote, one server at a time (docs/behaviour.md, "The NixOS contract").
 {
   config,
   lib,
@@ -13,7 +13,8 @@
   # The path regrade reads by default, so `regrade status` by hand finds it too.
   configPath = "/etc/regrade/regrade.toml";
   # A stable path for k3s's ExecStartPre: k3s.service's unit text then never changes when
-  # regrade is upgraded or turned off, so neither restarts k3s (SPEC §7, issue 5 step 9).
+  # regrade is upgraded or turned off, so neither restarts k3s (docs/behaviour.md,
+  # "The NixOS contract").
   hookPath = "/etc/regrade/record-start";
 
   # k3s reads `<config>.d/*.yaml` after its config file; with no --config, that is
@@ -250,7 +251,7 @@ in {
           };
           pressure = lib.mkOption {
             default = {};
-            description = "When a sample is over or calm (SPEC §3).";
+            description = "When a sample is over or calm (docs/behaviour.md, section Decision rules).";
             type = lib.types.submodule {
               freeformType = toml.type;
               options = {

@@ -25,9 +25,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::Metric;
 use crate::decide::{Reading, Settings, State};
 use crate::level::Level;
+use crate::sample::Metric;
 
 /// The trigger's window: the shortest one the kernel allows without CAP_SYS_RESOURCE.
 pub const WINDOW: Duration = Duration::from_secs(2);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use regrade::config::Config;
 use regrade::level::Level;
 use regrade::pressure::Sampler;
-use regrade::watch::Ticker;
+use regrade::watch::{Mode, Ticker};
 
 struct Counting;
 
@@ -63,7 +63,7 @@ fn a_calm_sample_allocates_nothing() {
         std::env::set_var("WATCHDOG_USEC", "20000000");
     }
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo).unwrap();
-    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, false);
+    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
     // Warm up: the first samples start the calm streak and publish the state file.
     for i in 0..3 {
         assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
