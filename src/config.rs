@@ -36,6 +36,7 @@ pub struct Config {
     pub systemd: SystemdConfig,
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl Default for Config {
@@ -49,6 +50,7 @@ impl Default for Config {
             systemd: Default::default(),
             #[cfg(feature = "docker")]
             docker: Default::default(),
+            metrics: Default::default(),
         }
     }
 }

@@ -18,6 +18,8 @@ pub mod decide;
 pub mod actuator;
 pub mod cluster;
 pub mod fsutil;
+pub mod hold;
+pub mod metrics;
 pub mod notify;
 pub mod pressure;
 pub mod psi_trigger;

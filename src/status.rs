@@ -118,6 +118,14 @@ async fn preflight(cfg: &Config, step: &Step) -> Option<String> {
     }
 }
 
+/// The README's word (as in `--json`), never Rust's Debug name.
+fn step_up_word(s: StepUp) -> &'static str {
+    match s {
+        StepUp::Automatic => "automatic",
+        StepUp::Manual => "manual",
+    }
+}
+
 fn ago(now: f64, t: f64) -> String {
     crate::units::format_duration(Duration::from_secs((now - t).max(0.0) as u64))
 }
@@ -131,8 +139,8 @@ pub fn render(s: &Status, now: f64) -> String {
         s.metric, s.pressure, s.threshold, s.calm_threshold
     );
     o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
-    o += &format!("this sample:    {:?}\n", s.reading);
-    o += &format!("step up:        {:?}\n", s.step_up);
+    o += &format!("this sample:    {}\n", s.reading.as_str());
+    o += &format!("step up:        {}\n", step_up_word(s.step_up));
     if !s.watch_running {
         o += "watch:          not running (no streaks to show)\n";
     } else {

@@ -8,6 +8,8 @@ use crate::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
 use crate::decide::{Direction, Step};
 use crate::level::Level;
 use crate::levels::LevelsConfig;
+use crate::metrics::{StepResult, METRICS};
+use std::time::{Instant, SystemTime};
 
 #[derive(Debug)]
 pub enum Outcome {
@@ -30,7 +32,30 @@ impl Outcome {
     }
 }
 
+/// Runs `step` and counts its outcome in [`METRICS`] (refusal kind, or result and
+/// duration; the Lease held meanwhile).
 pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster, levels: &LevelsConfig) -> Outcome {
+    let started = Instant::now();
+    let outcome = run_uncounted(step, actuator, cluster, levels).await;
+    METRICS.set_lease_held(false);
+    let result = match &outcome {
+        Outcome::Refused(r) => {
+            METRICS.refused(r.kind);
+            return outcome;
+        }
+        Outcome::Done => StepResult::Done,
+        Outcome::Failed { .. } => StepResult::Failed,
+    };
+    METRICS.step_ran(step.direction, result, started.elapsed(), SystemTime::now());
+    outcome
+}
+
+async fn run_uncounted(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    cluster: &dyn Cluster,
+    levels: &LevelsConfig,
+) -> Outcome {
     // Read-only first: while a peer is down, a pressured server retries every sample,
     // and must not write the Lease (take and give back) each time.
     if let Err(refusal) = cluster.preflight(step).await {
@@ -39,6 +64,7 @@ pub async fn run(step: &Step, actuator: &mut dyn Actuator, cluster: &dyn Cluster
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
+    METRICS.set_lease_held(true);
     // Down: the marks go first (cordon and taint free memory before any restart). If
     // they cannot be set, nothing has changed yet: that is a refusal, not a failed step.
     if step.direction == Direction::Down {

@@ -20,15 +20,19 @@ pub enum RefusalKind {
     /// An API call answered with an error (RBAC, a server error), or the Node's marks
     /// could not be set before anything had changed.
     ApiError,
+    /// A NixOS switch that turns regrade off holds steps until regrade.service stops
+    /// (the hold file, `crate::hold`).
+    SwitchHold,
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 5] = [
+    pub const ALL: [RefusalKind; 6] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
         RefusalKind::ApiUnreachable,
         RefusalKind::ApiError,
+        RefusalKind::SwitchHold,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +42,7 @@ impl RefusalKind {
             RefusalKind::PeerSteppedDown => "peer-stepped-down",
             RefusalKind::ApiUnreachable => "api-unreachable",
             RefusalKind::ApiError => "api-error",
+            RefusalKind::SwitchHold => "switch-hold",
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::cluster::StepEvent;
 use crate::config::Config;
 use crate::decide::Step;
 use crate::level::Level;
+use crate::metrics::{self, METRICS};
 use crate::pressure::Sampler;
 use crate::psi_trigger::{self, Cause, Pacer, Pacing, Wake};
 use crate::runtime::{lock_memory, runtime};
@@ -42,6 +43,14 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
     lock_memory();
     runtime()?.block_on(async {
+        if let Some(addr) = cfg.metrics.listen {
+            // Bound before anything else, so a busy address stops watch at once.
+            let listener = metrics::bind(addr)?;
+            // Healthy while samples keep coming: three periods, and slack for a slow one.
+            let max_age = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
+            tokio::spawn(metrics::serve(listener, &METRICS, max_age));
+            tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
+        }
         let backend = match mode {
             Mode::DryRun => backend::dry_run(cfg).await,
             Mode::Act => backend::real(cfg).await?,
@@ -106,6 +115,7 @@ impl<'a> Watcher<'a> {
             level = %level, dry_run = mode == Mode::DryRun, pacing = %pacer.mode(), trigger = %described,
             "regrade watch starting"
         );
+        say_what_is_read(cfg, mode);
         ticker.set_pacing(pacer.mode(), Some(&described));
         Ok(Watcher {
             cfg,
@@ -178,7 +188,14 @@ impl<'a> Watcher<'a> {
 
     /// Runs the step the core proposed and feeds its outcome back.
     async fn step(&mut self, t: Duration, step: &Step) {
-        let outcome = self.run_step(step).await;
+        // The step first, then the hold: the switch-time check writes its hold first,
+        // then reads this, so one of the two always sees the other.
+        self.ticker.set_stepping(Some(step.to));
+        let outcome = match self.switch_hold() {
+            Some(refusal) => Outcome::Refused(refusal),
+            None => self.run_step(step).await,
+        };
+        self.ticker.set_stepping(None);
         self.marks_pending |= matches!(outcome, Outcome::Failed { .. });
         if let Some(level) = outcome.level_after(step) {
             self.actuator_level = level;
@@ -188,6 +205,31 @@ impl<'a> Watcher<'a> {
         }
         if !self.marks_pending {
             self.backend.cluster.disconnect();
+        }
+    }
+
+    /// A hold left by the NixOS switch-time check (`crate::hold`): no step starts while
+    /// it is active. A file that is not a hold is ignored, with a warning.
+    fn switch_hold(&self) -> Option<crate::cluster::Refusal> {
+        if self.mode != Mode::Act {
+            return None;
+        }
+        let path = crate::hold::path_for(&self.cfg.state_file);
+        match crate::hold::read(&path, std::time::SystemTime::now()) {
+            crate::hold::Hold::Active { until, left } => Some(crate::cluster::Refusal {
+                kind: crate::cluster::RefusalKind::SwitchHold,
+                subject: path.display().to_string(),
+                message: format!(
+                    "a NixOS switch is turning regrade off: no step until Unix time {until} ({}s left, hold {})",
+                    left.as_secs(),
+                    path.display()
+                ),
+            }),
+            crate::hold::Hold::Ignored(why) => {
+                tracing::warn!(path = %path.display(), "ignoring the switch hold: {why}");
+                None
+            }
+            crate::hold::Hold::None => None,
         }
     }
 
@@ -259,6 +301,31 @@ async fn start_level(backend: &Backend, levels: &crate::levels::LevelsConfig, ac
     decision
 }
 
+/// Says at start, in words, what `watch` reads, from where, and how it decides.
+fn say_what_is_read(cfg: &Config, mode: Mode) {
+    let p = &cfg.pressure;
+    let metric = p.metric.as_str();
+    let (over, calm) = match p.mem_available_floor {
+        Some(f) => (
+            format!("{metric} >= {}% and MemAvailable below {} MiB", p.threshold, f.0 >> 20),
+            format!("{metric} below {}% and MemAvailable at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
+        ),
+        None => (format!("{metric} >= {}%", p.threshold), format!("{metric} below {}%", cfg.calm_threshold())),
+    };
+    tracing::info!(
+        "reading memory pressure from {} and MemAvailable from {} every {}: over when {over}, calm when {calm}; \
+         a step after {} of either, {} apart at least",
+        p.source.display(),
+        p.meminfo.display(),
+        crate::units::format_duration(p.sample_period.0),
+        crate::units::format_duration(p.sustain.0),
+        crate::units::format_duration(p.cooldown.0),
+    );
+    if mode == Mode::DryRun {
+        tracing::info!("dry run: steps are logged, and neither k3s nor the cluster is touched");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +351,34 @@ mod tests {
         let shared = actuator.level.clone();
         let cluster = FakeCluster { node_level: Ok(Some(Level::ControlPlane)), ..Default::default() };
         (Backend { actuator: Box::new(actuator), cluster: Box::new(cluster) }, shared)
+    }
+
+    /// The NixOS switch-time check's hold: while it is active a proposed step is refused
+    /// (kind `switch-hold`) before the actuator is touched; once it is gone the step runs.
+    #[test]
+    fn a_switch_hold_refuses_a_step_until_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        let actuator = FakeActuator::at(Level::Full);
+        let level = actuator.level.clone();
+        let backend = Backend { actuator: Box::new(actuator), cluster: Box::new(FakeCluster::default()) };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let hold = dir.path().join("switch-hold");
+        std::fs::write(&hold, format!("{}\n# held by the test\n", now + 300)).unwrap();
+        let down = Step { direction: crate::decide::Direction::Down, from: Level::Full, to: Level::ControlPlane };
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            w.step(Duration::from_secs(60), &down).await;
+            assert_eq!(level.get(), Level::Full, "a held step must not reach the actuator");
+            let state: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
+            assert_eq!(state["refusal"]["kind"], "switch-hold", "{state}");
+            assert!(state["refusal"]["message"].as_str().unwrap().contains("a NixOS switch is turning regrade off"));
+            assert!(state.get("stepping").is_none(), "no step is under way once it was refused: {state}");
+            std::fs::remove_file(&hold).unwrap();
+            w.step(Duration::from_secs(120), &down).await;
+            assert_eq!(level.get(), Level::ControlPlane, "without the hold the step runs");
+        });
     }
 
     #[test]

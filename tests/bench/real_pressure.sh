@@ -115,7 +115,7 @@ fire = next((dt for dt, l in rows if dt >= 0 and "trigger fired" in l), None)
 if fire is None:
     print("RESULT: the trigger never fired"); sys.exit(1)
 first = next((dt for dt, l in rows if dt >= fire and " sample " in l + " "), None)
-over = next((dt for dt, l in rows if dt >= 0 and "decision=Over" in l), None)
+over = next((dt for dt, l in rows if dt >= 0 and "decision=over" in l.lower()), None)
 done = next((dt for dt, l in rows if dt >= 0 and "step done" in l), None)
 print("RESULT: trigger fired %.2f s into the thrash; first sample %.3f s after the fire" % (fire, first - fire))
 if done is None:
