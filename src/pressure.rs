@@ -306,11 +306,18 @@ impl<R: ReadAt> Sampler<R> {
 
 /// `pread`s from offset 0 until the buffer is full or the file ends. A file larger than
 /// the buffer is read as far as it fits: the parsers only need its start.
+///
+/// A read that returns less than asked for is taken as the end: a regular file reads
+/// short only there, and the kernel produces `/proc/meminfo` and a PSI file whole in
+/// one read. Not asking again saves a syscall per file per sample (callgrind and
+/// strace of a sample: two `pread`s per file before, the second returning 0).
 fn read_whole<R: ReadAt>(r: &R, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
+        let asked = buf.len() - n;
         match r.read_at(&mut buf[n..], n as u64) {
             Ok(0) => break,
+            Ok(k) if k < asked => return Ok(n + k),
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

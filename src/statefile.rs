@@ -24,6 +24,12 @@ pub struct Published {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stepping: Option<Level>,
     pub dry_run: bool,
+    /// How `watch` waits for its next sample: asleep on the PSI trigger, or polling.
+    #[serde(default)]
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    #[serde(default)]
+    pub trigger: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

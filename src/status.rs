@@ -30,6 +30,10 @@ pub struct Status {
     pub step_up: StepUp,
     /// Whether a `watch` is running and has published its state.
     pub watch_running: bool,
+    /// How that `watch` waits: `trigger` (asleep on the PSI trigger) or `polling`.
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    pub trigger: Option<String>,
     pub over_since: Option<f64>,
     pub calm_since: Option<f64>,
     pub last_step: Option<LastStep>,
@@ -133,6 +137,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             psi: sample.psi,
             step_up: settings.step_up,
             watch_running: published.is_some(),
+            pacing: published.as_ref().and_then(|p| p.pacing),
+            trigger: published.as_ref().and_then(|p| p.trigger.clone()),
             over_since: published.as_ref().and_then(|p| p.over_since),
             calm_since: published.as_ref().and_then(|p| p.calm_since),
             last_step: published.as_ref().and_then(|p| p.last_step.clone()),
@@ -193,6 +199,14 @@ pub fn render(s: &Status, now: f64) -> String {
             (Some(t), _) => o += &format!("streak:         over for {}\n", ago(now, t)),
             (_, Some(t)) => o += &format!("streak:         calm for {}\n", ago(now, t)),
             _ => o += "streak:         none\n",
+        }
+        match s.pacing {
+            Some(crate::psi_trigger::Pacing::Trigger) => o += "watch waits:    asleep on the PSI trigger\n",
+            Some(crate::psi_trigger::Pacing::Polling) => o += "watch waits:    sampling every sample_period\n",
+            None => {}
+        }
+        if let Some(t) = &s.trigger {
+            o += &format!("PSI trigger:    {t}\n");
         }
     }
     match &s.last_step {
