@@ -36,9 +36,12 @@ pub struct Config {
     pub pressure: PressureConfig,
     pub levels: LevelsConfig,
     pub cluster: crate::cluster::ClusterConfig,
+    /// `[etcd]`: the etcd gate before and after a restart of k3s.
+    pub etcd: crate::etcd::EtcdConfig,
     pub systemd: SystemdConfig,
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl Default for Config {
@@ -50,9 +53,11 @@ impl Default for Config {
             pressure: PressureConfig::default(),
             levels: LevelsConfig::default(),
             cluster: Default::default(),
+            etcd: Default::default(),
             systemd: Default::default(),
             #[cfg(feature = "docker")]
             docker: Default::default(),
+            metrics: Default::default(),
         }
     }
 }
@@ -108,9 +113,13 @@ impl Config {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
                     bail!("levels.{name}.k3s: {key:?} is not a k3s flag name (write it without leading dashes)");
                 }
+                if let Some(why) = crate::levels::unsafe_level_flag(key) {
+                    bail!("levels.{name}.k3s.{key}: regrade refuses this flag at any level: {why}");
+                }
             }
         }
         self.cluster.validate()?;
+        self.etcd.validate()?;
         self.systemd.validate()?;
         #[cfg(feature = "docker")]
         self.docker.validate()?;
@@ -195,6 +204,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_that_would_lose_the_vote_are_refused_naming_the_key() {
+        for flag in ["disable-etcd", "cluster-reset", "cluster-reset-restore-path", "data-dir", "node-name", "server"] {
+            let toml = format!("[levels.etcd-only.k3s]\ndisable-apiserver = true\n{flag} = true\n");
+            let e = format!("{:#}", Config::parse(&toml).unwrap_err());
+            assert!(e.contains(&format!("levels.etcd-only.k3s.{flag}")) && e.contains("refuses"), "{e}");
+        }
+        let e = format!("{:#}", Config::parse("[levels.control-plane.k3s]\n\"etcd-arg+\" = [\"x\"]\n").unwrap_err());
+        assert!(e.contains("levels.control-plane.k3s.etcd-arg+"), "{e}");
+        // The documented opt-in stays allowed.
+        Config::parse("[levels.etcd-only.k3s]\ndisable-apiserver = true\ndisable-agent = true\n").unwrap();
+    }
     use crate::actuator::entrypoint::flag_args;
     use crate::level::Level;
     use crate::levels::TaintEffect;

@@ -63,6 +63,17 @@ pub enum Reading {
     Neither,
 }
 
+impl Reading {
+    /// The README's word for it (as serialised), for logs and `status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reading::Over => "over",
+            Reading::Calm => "calm",
+            Reading::Neither => "neither",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {

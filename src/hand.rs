@@ -35,7 +35,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
     runtime()?.block_on(async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        let Backend { mut actuator, cluster } = backend::real(cfg).await?;
+        let Backend { mut actuator, cluster, etcd } = backend::real(cfg).await?;
         let levels = actuator.levels().to_vec();
         let marks = level_keeper::read_marks(cluster.as_ref()).await;
         let st = level_keeper::start(cfg, actuator.as_mut(), marks).await?;
@@ -50,7 +50,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             }
             Pending::Resume(step) => {
                 println!("finishing the interrupted step {} -> {} ...", step.from, step.to);
-                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
                 match finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await {
                     Outcome::Done => println!("now at {}", step.to),
                     Outcome::Refused(r) => {
@@ -75,7 +75,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
             }
             println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
-            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels, &keeper);
+            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
             let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
             if keeper.marks_unsure.replace(false) {
                 if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {

@@ -17,11 +17,15 @@ pub mod decide;
 // The edges, each owning its configuration section.
 pub mod actuator;
 pub mod cluster;
+pub mod etcd;
 pub mod fsutil;
+pub mod hold;
 pub mod kill_point;
 pub mod level_record;
+pub mod metrics;
 pub mod notify;
 pub mod pressure;
+pub mod psi_trigger;
 pub mod statefile;
 
 // Running steps, and the commands.

@@ -19,7 +19,17 @@ pub struct Published {
     pub calm_since: Option<f64>,
     pub last_step: Option<LastStep>,
     pub refusal: Option<PublishedRefusal>,
+    /// The level a step is starting towards, published before the switch hold is read
+    /// (`crate::hold`): the NixOS switch-time check reads it after writing its hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stepping: Option<Level>,
     pub dry_run: bool,
+    /// How `watch` waits for its next sample: asleep on the PSI trigger, or polling.
+    #[serde(default)]
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    #[serde(default)]
+    pub trigger: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -59,7 +69,8 @@ impl Published {
 
     /// The core's state on a Unix-epoch time axis, for `status`'s arithmetic.
     pub fn state(&self) -> Option<State> {
-        let d = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        // The file is outside data: a time that is no Duration reads as zero.
+        let d = |s: f64| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default();
         Some(State {
             level: self.level?,
             over_since: self.over_since.map(d),
@@ -92,6 +103,15 @@ impl Published {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nixos/pre-switch-check.sh matches `"stepping": "<level>"` in this file.
+    #[test]
+    fn a_step_under_way_is_published_as_the_switch_check_reads_it() {
+        let p = Published { stepping: Some(Level::ControlPlane), ..Default::default() };
+        let json = String::from_utf8(serde_json::to_vec_pretty(&p).unwrap()).unwrap();
+        assert!(json.contains("\"stepping\": \"control-plane\""), "{json}");
+        assert!(!serde_json::to_string(&Published::default()).unwrap().contains("stepping"));
+    }
 
     #[test]
     fn round_trips_and_ignores_dead_writers() {

@@ -31,6 +31,10 @@ pub struct Status {
     pub step_up: StepUp,
     /// Whether a `watch` is running and has published its state.
     pub watch_running: bool,
+    /// How that `watch` waits: `trigger` (asleep on the PSI trigger) or `polling`.
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    pub trigger: Option<String>,
     pub over_since: Option<f64>,
     pub calm_since: Option<f64>,
     pub last_step: Option<LastStep>,
@@ -49,6 +53,29 @@ pub struct Status {
     /// What regrade will do about the record and the world (the decision `watch`
     /// and `step` take when they meet it).
     pub will_do: String,
+    /// The etcd members as regrade sees them (the etcd gate's view, asked now).
+    pub etcd: EtcdStatus,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct EtcdStatus {
+    pub members: Vec<MemberStatus>,
+    /// Why etcd could not be asked.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberStatus {
+    /// etcd's member name (`<node>-<8 hex>`); empty for a member not started yet.
+    pub name: String,
+    pub node: String,
+    /// The member ID, hex, as `etcdctl member list` writes it.
+    pub id: String,
+    pub voter: bool,
+    /// This server's own member.
+    pub this: bool,
+    /// `ok`, or why the gate would not count it healthy.
+    pub health: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,7 +88,7 @@ pub struct NextStep {
 }
 
 pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.sample()?;
+    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs()).sample()?;
     let settings = cfg.core_settings();
     let published = Published::read_live(&cfg.state_file);
     let status = runtime()?.block_on(async {
@@ -96,9 +123,32 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             let at = at.as_secs_f64();
             Some((step, NextStep { action: step.direction.action(), to: step.to, at, in_seconds: (at - now).max(0.0) }))
         });
+        let gate = backend::etcd(cfg);
         let would_refuse = match &next_step {
-            Some((step, _)) => preflight(cfg, step).await,
+            Some((step, _)) => match preflight(cfg, step).await {
+                None if cfg.levels.needs_restart(step.from, step.to) => {
+                    gate.before_restart().await.err().map(|r| r.to_string())
+                }
+                other => other,
+            },
             None => None,
+        };
+        let etcd = match gate.members().await {
+            Ok(ms) => EtcdStatus {
+                members: ms
+                    .into_iter()
+                    .map(|m| MemberStatus {
+                        name: m.member.name,
+                        node: m.member.node,
+                        id: format!("{:x}", m.member.id),
+                        voter: m.voter,
+                        this: m.this,
+                        health: m.health.map_or_else(|r| r.to_string(), |()| "ok".into()),
+                    })
+                    .collect(),
+                error: None,
+            },
+            Err(e) => EtcdStatus { members: Vec::new(), error: Some(format!("{e:#}")) },
         };
         Status {
             level,
@@ -112,6 +162,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             psi: sample.psi,
             step_up: settings.step_up,
             watch_running: published.is_some(),
+            pacing: published.as_ref().and_then(|p| p.pacing),
+            trigger: published.as_ref().and_then(|p| p.trigger.clone()),
             over_since: published.as_ref().and_then(|p| p.over_since),
             calm_since: published.as_ref().and_then(|p| p.calm_since),
             last_step: published.as_ref().and_then(|p| p.last_step.clone()),
@@ -123,6 +175,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             record_error,
             node_marks,
             will_do: decision.describe(),
+            etcd,
         }
     });
     if json {
@@ -141,6 +194,14 @@ async fn preflight(cfg: &Config, step: &Step) -> Option<String> {
     }
 }
 
+/// The README's word (as in `--json`), never Rust's Debug name.
+fn step_up_word(s: StepUp) -> &'static str {
+    match s {
+        StepUp::Automatic => "automatic",
+        StepUp::Manual => "manual",
+    }
+}
+
 fn ago(now: f64, t: f64) -> String {
     crate::units::format_duration(Duration::from_secs((now - t).max(0.0) as u64))
 }
@@ -153,9 +214,13 @@ pub fn render(s: &Status, now: f64) -> String {
         "pressure:       {} {:.2}% (over at >= {}, calm below {})\n",
         s.metric, s.pressure, s.threshold, s.calm_threshold
     );
-    o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
-    o += &format!("this sample:    {:?}\n", s.reading);
-    o += &format!("step up:        {:?}\n", s.step_up);
+    let available = match s.mem_available {
+        crate::pressure::MEM_AVAILABLE_UNKNOWN => "unknown (not in the file; no floor needs it)".to_string(),
+        m => format!("{} MiB", m >> 20),
+    };
+    o += &format!("MemAvailable:   {available} (floor {floor})\n");
+    o += &format!("this sample:    {}\n", s.reading.as_str());
+    o += &format!("step up:        {}\n", step_up_word(s.step_up));
     if !s.watch_running {
         o += "watch:          not running (no streaks to show)\n";
     } else {
@@ -163,6 +228,14 @@ pub fn render(s: &Status, now: f64) -> String {
             (Some(t), _) => o += &format!("streak:         over for {}\n", ago(now, t)),
             (_, Some(t)) => o += &format!("streak:         calm for {}\n", ago(now, t)),
             _ => o += "streak:         none\n",
+        }
+        match s.pacing {
+            Some(crate::psi_trigger::Pacing::Trigger) => o += "watch waits:    asleep on the PSI trigger\n",
+            Some(crate::psi_trigger::Pacing::Polling) => o += "watch waits:    sampling every sample_period\n",
+            None => {}
+        }
+        if let Some(t) = &s.trigger {
+            o += &format!("PSI trigger:    {t}\n");
         }
     }
     match &s.last_step {
@@ -202,5 +275,20 @@ pub fn render(s: &Status, now: f64) -> String {
         None => o += "the Node says:  (not readable now)\n",
     }
     o += &format!("will do:        {}\n", s.will_do);
+    if let Some(e) = &s.etcd.error {
+        o += &format!("etcd:           not asked: {e}\n");
+    }
+    for (i, m) in s.etcd.members.iter().enumerate() {
+        let head = if i == 0 { "etcd members:" } else { "" };
+        let name =
+            if m.name.is_empty() { format!("{} (not started)", m.id) } else { format!("{} (Node {})", m.name, m.node) };
+        let role = match (m.voter, m.this) {
+            (true, true) => "voter, this server",
+            (true, false) => "voter",
+            (false, true) => "learner, this server",
+            (false, false) => "learner",
+        };
+        o += &format!("{head:<16}{name}, {role}: {}\n", m.health);
+    }
     o
 }

@@ -8,10 +8,12 @@ use std::time::{Duration, SystemTime};
 
 use super::Mode;
 use crate::config::Config;
-use crate::decide::{Settings, State, Step};
+use crate::decide::{Reading, Settings, State, Step};
 use crate::level::Level;
+use crate::metrics::METRICS;
 use crate::notify::Notifier;
 use crate::pressure::{SampleError, Sampler};
+use crate::psi_trigger::{self, Pacing};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 use crate::step::Outcome;
 
@@ -30,6 +32,9 @@ pub struct Ticker {
     pub good_samples: u64,
     /// Set when a step ran or was refused, so the next publish writes the file.
     dirty: bool,
+    /// The last sample's reading, to log each change of it; the pacer sleeps only
+    /// after a calm one.
+    last_reading: Option<Reading>,
     wall_origin: SystemTime,
 }
 
@@ -46,8 +51,23 @@ impl Ticker {
             state_file: (!dry_run).then(|| cfg.state_file.clone()),
             good_samples: 0,
             dirty: true,
+            last_reading: None,
             wall_origin: SystemTime::now(),
         }
+    }
+
+    /// Whether `watch` may sleep on the PSI trigger (see [`psi_trigger::calm_at_top`]).
+    pub fn calm_at_top(&self) -> bool {
+        psi_trigger::calm_at_top(&self.state, self.last_reading, &self.settings, &self.levels)
+    }
+
+    /// Publishes how `watch` waits (written at once: it changes rarely).
+    pub(super) fn set_pacing(&mut self, pacing: Pacing, trigger: Option<&str>) {
+        self.published.pacing = Some(pacing);
+        if let Some(t) = trigger {
+            self.published.trigger = Some(t.to_string());
+        }
+        self.mark_dirty();
     }
 
     /// One sample at `t` (time since the watcher started). Returns the step the core
@@ -55,8 +75,12 @@ impl Ticker {
     pub fn tick(&mut self, t: Duration) -> Result<Option<Step>, SampleError> {
         let sample = match self.sampler.sample() {
             Ok(s) => s,
-            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) if e.is_fatal() => {
+                METRICS.sample_failed();
+                return Err(e);
+            }
             Err(e) => {
+                METRICS.sample_failed();
                 tracing::warn!(error = %e, "sample failed; trying again next period");
                 return Ok(None);
             }
@@ -65,6 +89,7 @@ impl Ticker {
         let reading = self.settings.classify(&sample);
         let pressure = sample.metric(self.settings.metric);
         let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+        METRICS.sampled(&sample, reading);
         if proposed.is_none() && self.published.refusal.is_some() {
             // Nothing is being refused any more (the streak ended or the step ran).
             self.published.refusal = None;
@@ -78,7 +103,19 @@ impl Ticker {
             sample.mem_available >> 20
         ));
         self.notifier.watchdog();
-        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = ?reading, "sample");
+        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(), "sample");
+        if self.last_reading != Some(reading) {
+            // Each change of reading, not each sample: what a newcomer trying
+            // `watch --dry-run` needs to see it work, and what the journal needs to
+            // explain a step. Allocates (the log line), but only on a change.
+            let was = self.last_reading.map_or("none", Reading::as_str);
+            self.last_reading = Some(reading);
+            tracing::info!(
+                level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(),
+                "reading now {} (was {was}): {} {pressure:.2}%, MemAvailable {} MiB",
+                reading.as_str(), self.settings.metric.as_str(), sample.mem_available >> 20
+            );
+        }
         if let Some(step) = &proposed {
             tracing::info!(
                 level = %step.from, to = %step.to, pressure, available = sample.mem_available,
@@ -139,6 +176,12 @@ impl Ticker {
         false
     }
 
+    /// Publishes the step about to start (or, `None`, that none is), at once.
+    pub(super) fn set_stepping(&mut self, to: Option<Level>) {
+        self.published.stepping = to;
+        self.mark_dirty();
+    }
+
     /// Makes the next publish write the state file.
     pub(super) fn mark_dirty(&mut self) {
         self.dirty = true;
@@ -147,6 +190,7 @@ impl Ticker {
 
     /// Writes the state file when it changed (never on an unchanged calm sample).
     fn publish(&mut self) {
+        METRICS.set_level(self.state.level);
         let changed = self.published.set_state(&self.state, self.wall_origin);
         if changed || self.dirty {
             self.dirty = false;
