@@ -4,6 +4,7 @@
 //! [`KubeCluster`] is the real one. It is lazy: it reads the kubeconfig and talks to
 //! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
 
+pub mod drain;
 pub mod endpoints;
 pub mod events;
 pub mod lease;
