@@ -107,7 +107,7 @@ impl PodRef {
 }
 
 /// Why a pod is left on the Node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Skip {
     DaemonSet,
@@ -248,6 +248,8 @@ struct Tracked {
 pub struct DrainState {
     pods: BTreeMap<String, Tracked>,
     error: Option<String>,
+    /// Ended by a signal before it was done.
+    pub interrupted: bool,
 }
 
 impl DrainState {
@@ -375,6 +377,13 @@ impl DrainState {
             }
         }
         r.error = self.error.clone();
+        r.interrupted = self.interrupted;
+        // By name, for the reader (the state is kept by UID).
+        for v in [&mut r.evicted, &mut r.gone, &mut r.waiting, &mut r.deleted, &mut r.bare] {
+            v.sort();
+        }
+        r.blocked.sort_by(|a, b| a.pod.cmp(&b.pod));
+        r.skipped.sort_by(|a, b| a.pod.cmp(&b.pod));
         r
     }
 }
@@ -384,7 +393,7 @@ fn backoff(attempts: u32) -> Duration {
     (BACKOFF_FIRST * 2u32.saturating_pow(attempts.min(8))).min(BACKOFF_MAX)
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockedPod {
     pub pod: String,
     /// The PodDisruptionBudget that refused its eviction.
@@ -393,14 +402,15 @@ pub struct BlockedPod {
     pub message: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkippedPod {
     pub pod: String,
     pub why: Skip,
 }
 
 /// What a drain did, for the log, the Event and `status`. Pods are `namespace/name`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DrainReport {
     /// Evicted and gone.
     pub evicted: Vec<String>,
@@ -417,6 +427,8 @@ pub struct DrainReport {
     /// Of the moved pods, those no controller re-creates.
     pub bare: Vec<String>,
     pub timed_out: bool,
+    /// Ended by SIGTERM or SIGINT before it was done.
+    pub interrupted: bool,
     /// The call that failed for good (it names the verb and resource).
     pub error: Option<String>,
     pub elapsed_ms: u64,
@@ -425,7 +437,7 @@ pub struct DrainReport {
 impl DrainReport {
     /// Whether pods the drain meant to move are still on the Node.
     pub fn incomplete(&self) -> bool {
-        !self.waiting.is_empty() || !self.blocked.is_empty() || self.error.is_some()
+        !self.waiting.is_empty() || !self.blocked.is_empty() || self.error.is_some() || self.interrupted
     }
 }
 
@@ -462,6 +474,9 @@ impl fmt::Display for DrainReport {
         if self.timed_out {
             write!(f, " (drain_timeout reached)")?;
         }
+        if self.interrupted {
+            write!(f, " (stopped by a signal)")?;
+        }
         if let Some(e) = &self.error {
             write!(f, "; failed: {e}")?;
         }
@@ -469,31 +484,115 @@ impl fmt::Display for DrainReport {
     }
 }
 
+impl DrainReport {
+    /// `(type, reason, message)` of the Event on the Node at the drain's end.
+    pub fn event(&self) -> (&'static str, &'static str, String) {
+        if self.incomplete() {
+            ("Warning", "RegradeDrainIncomplete", self.to_string())
+        } else {
+            ("Normal", "RegradeDrained", self.to_string())
+        }
+    }
+}
+
+/// The drain as `regrade status` shows it: written by the process that runs the step
+/// (`watch` or a step by hand) whenever the drain moves, and kept after it ends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PublishedDrain {
+    pub pid: u32,
+    pub node: String,
+    /// The level stepped down into.
+    pub level: String,
+    /// Seconds since the Unix epoch.
+    pub started: f64,
+    pub running: bool,
+    pub report: DrainReport,
+}
+
+/// Where the drain's progress is published: beside `watch`'s state file.
+pub fn progress_path(state_file: &std::path::Path) -> std::path::PathBuf {
+    state_file.with_file_name("drain.json")
+}
+
+impl PublishedDrain {
+    /// Readable by all, as the state file is. Failing to write is logged, not fatal.
+    pub fn write(&self, path: &std::path::Path) {
+        let r = (|| -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            crate::fsutil::write_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
+        })();
+        if let Err(e) = r {
+            tracing::warn!(error = %e, path = %path.display(), "could not publish the drain's progress");
+        }
+    }
+
+    pub fn read(path: &std::path::Path) -> Option<PublishedDrain> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// Whether it says running and its writer is still alive.
+    pub fn is_live(&self) -> bool {
+        // kill(pid, 0) tests that the process exists; EPERM: it exists, not ours.
+        self.running
+            && self.pid != 0
+            && (unsafe { libc::kill(self.pid as libc::pid_t, 0) } == 0
+                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    }
+}
+
 /// Drains Node `node`: evicts its pods (see the module documentation), waits for them
-/// within `settings.timeout`, then proceeds or deletes. `progress` is handed the
-/// report whenever it changes. Never fails: what went wrong is in the report.
+/// within `settings.timeout`, then proceeds or deletes. Ends early, at the next
+/// request boundary, when `stop` completes (SIGTERM). `progress` is handed the report
+/// whenever it changes. Never fails: what went wrong is in the report.
 pub async fn drain(
     eps: &Endpoints,
     node: &str,
     settings: DrainSettings,
+    stop: impl std::future::Future<Output = ()>,
     progress: &mut dyn FnMut(&DrainReport),
 ) -> DrainReport {
     let started = Instant::now();
-    let deadline = started + settings.timeout;
     let mut st = DrainState::default();
     let mut last: Option<DrainReport> = None;
     let mut tell = |st: &DrainState, timed_out: bool| {
         let r = st.report(started.elapsed(), timed_out);
         // Progress is what moved, not the clock.
-        let changed = last
-            .as_ref()
-            .is_none_or(|l| DrainReport { elapsed_ms: 0, ..l.clone() } != DrainReport { elapsed_ms: 0, ..r.clone() });
-        if changed {
+        let moved = |a: &DrainReport| DrainReport { elapsed_ms: 0, ..a.clone() };
+        if last.as_ref().is_none_or(|l| moved(l) != moved(&r)) {
             progress(&r);
             last = Some(r.clone());
         }
         r
     };
+    let ended = {
+        let running = run(eps, node, settings, started, &mut st, &mut tell);
+        tokio::pin!(running);
+        tokio::pin!(stop);
+        tokio::select! {
+            r = &mut running => Some(r),
+            _ = &mut stop => None,
+        }
+    };
+    match ended {
+        Some(r) => r,
+        None => {
+            st.interrupted = true;
+            tell(&st, false)
+        }
+    }
+}
+
+async fn run(
+    eps: &Endpoints,
+    node: &str,
+    settings: DrainSettings,
+    started: Instant,
+    st: &mut DrainState,
+    tell: &mut dyn FnMut(&DrainState, bool) -> DrainReport,
+) -> DrainReport {
+    let deadline = started + settings.timeout;
     // Until a list answers, nothing is known, so nothing is done either; if none
     // ever does, the drain failed (with the last reason).
     let mut unlisted: Option<String> = Some("the Node's pods were never listed".into());
@@ -514,7 +613,7 @@ pub async fn drain(
                 }
                 _ => {
                     st.fail(e.to_string());
-                    return tell(&st, false);
+                    return tell(st, false);
                 }
             },
         };
@@ -526,12 +625,12 @@ pub async fn drain(
             let r = evict(eps, &pod).await;
             st.evicted(&pod, r, Instant::now());
             if st.failed() {
-                return tell(&st, false);
+                return tell(st, false);
             }
         }
-        tell(&st, false);
+        tell(st, false);
         if listed && st.done() {
-            return tell(&st, false);
+            return tell(st, false);
         }
         let now = Instant::now();
         if now >= deadline {
@@ -542,7 +641,7 @@ pub async fn drain(
     }
     if let Some(why) = unlisted {
         st.fail(why);
-        return tell(&st, true);
+        return tell(st, true);
     }
     if settings.on_timeout == OnDrainTimeout::Delete {
         for pod in st.remaining() {
@@ -558,7 +657,7 @@ pub async fn drain(
             }
         }
     }
-    tell(&st, true)
+    tell(st, true)
 }
 
 async fn list(eps: &Endpoints, node: &str) -> Result<Vec<Pod>, CallError> {
