@@ -159,7 +159,8 @@ async fn cordon(c: &kube::Client, node: &str) {
 }
 
 fn cluster(h: &Harness, kubeconfig: &std::path::Path, node: &str) -> KubeCluster {
-    KubeCluster::new(&h.config(kubeconfig, node, "regrade")).unwrap()
+    let cfg = h.config(kubeconfig, node, "regrade");
+    KubeCluster::new(&cfg.cluster, &cfg.levels).unwrap()
 }
 
 async fn run_drain(c: &KubeCluster, node: &str, timeout: Duration, on_timeout: OnDrainTimeout) -> DrainReport {

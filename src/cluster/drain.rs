@@ -40,36 +40,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::endpoints::{CallError, Endpoints};
-use crate::config::HumanDuration;
 
-/// What happens to pods still on the Node when `drain_timeout` has passed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnDrainTimeout {
-    /// The step goes on; the pods stay, each named (with the budget holding it).
-    #[default]
-    Proceed,
-    /// The pods are deleted, bypassing their PodDisruptionBudgets.
-    Delete,
-}
-
-impl OnDrainTimeout {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnDrainTimeout::Proceed => "proceed",
-            OnDrainTimeout::Delete => "delete",
-        }
-    }
-}
-
-/// A level's drain keys (`drain`, `drain_timeout`, `on_drain_timeout`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainSettings {
-    pub timeout: Duration,
-    pub on_timeout: OnDrainTimeout,
-}
-
-pub const DEFAULT_DRAIN_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(120));
+pub use crate::levels::{DrainSettings, OnDrainTimeout, DEFAULT_DRAIN_TIMEOUT};
 
 /// How often the Node's pods are listed while the drain waits.
 pub const POLL: Duration = Duration::from_millis(500);

@@ -1,4 +1,4 @@
-//! The Node's marks (SPEC §2, §4) and the readiness wait after a restart.
+//! The Node's marks (docs/behaviour.md, "Levels" and "Coordination") and the readiness wait after a restart.
 //!
 //! Below `full` the Node carries the level label, is cordoned and has regrade's taint;
 //! an annotation records which of cordon and taint regrade set, so `full` undoes only
@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 use super::endpoints::Endpoints;
 use super::peers::NODE_LEASE_NAMESPACE;
-use crate::config::LevelsConfig;
 use crate::level::Level;
+use crate::levels::LevelsConfig;
 
 pub struct NodeMarks<'a> {
     pub node_name: &'a str,
@@ -219,7 +219,7 @@ fn now_seconds() -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TaintEffect;
+    use crate::levels::TaintEffect;
     use k8s_openapi::api::core::v1::NodeSpec;
     use std::collections::BTreeMap;
 
@@ -282,8 +282,9 @@ mod tests {
         assert_eq!(cp.spec.as_ref().unwrap().unschedulable, Some(true));
         let taints = cp.spec.as_ref().unwrap().taints.clone().unwrap();
         assert_eq!(taints[0], other_taint());
-        assert_eq!((taints[1].key.as_str(), taints[1].effect.as_str()), ("regrade.dev/stepped-down", "NoExecute"));
-        assert!(taints[1].time_added.is_some());
+        // NoSchedule by default: the drain moves the pods, within their budgets.
+        assert_eq!((taints[1].key.as_str(), taints[1].effect.as_str()), ("regrade.dev/stepped-down", "NoSchedule"));
+        assert!(taints[1].time_added.is_none());
         let eo = after(&cp, Level::EtcdOnly, &levels);
         assert_eq!(eo.metadata.labels.as_ref().unwrap()["regrade.dev/level"], "etcd-only");
         let back = after(&after(&eo, Level::ControlPlane, &levels), Level::Full, &levels);
@@ -308,8 +309,11 @@ mod tests {
     #[test]
     fn the_effect_follows_the_level() {
         let mut levels = LevelsConfig::default();
+        levels.control_plane.taint_effect = TaintEffect::NoExecute;
         levels.etcd_only.taint_effect = TaintEffect::NoSchedule;
         let cp = after(&node(false, vec![]), Level::ControlPlane, &levels);
+        let t = &cp.spec.as_ref().unwrap().taints.as_ref().unwrap()[0];
+        assert!(t.effect == "NoExecute" && t.time_added.is_some(), "{t:?}");
         let eo = after(&cp, Level::EtcdOnly, &levels);
         let t = &eo.spec.as_ref().unwrap().taints.as_ref().unwrap()[0];
         assert_eq!((t.effect.as_str(), t.time_added.as_ref()), ("NoSchedule", None));
