@@ -109,6 +109,9 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.pressure.validate()?;
         for (name, lc) in [("control-plane", &self.levels.control_plane), ("etcd-only", &self.levels.etcd_only)] {
+            if lc.drain && lc.drain_timeout.0.is_zero() {
+                bail!("levels.{name}.drain_timeout must be more than 0 (or set levels.{name}.drain = false)");
+            }
             for key in lc.k3s.iter().flat_map(|m| m.keys()) {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
                     bail!("levels.{name}.k3s: {key:?} is not a k3s flag name (write it without leading dashes)");
@@ -333,6 +336,30 @@ mod tests {
         let c = Config::parse("[pressure]\nmem_available_floor = 1024\n").unwrap();
         assert_eq!(c.pressure.mem_available_floor, Some(ByteSize(1024)));
         assert_eq!(Config::parse("").unwrap().pressure.mem_available_floor, Some(ByteSize(512 << 20)));
+    }
+
+    #[test]
+    fn the_drain_keys_parse_on_both_levels() {
+        use crate::levels::OnDrainTimeout;
+        let c = Config::parse("").unwrap();
+        for lc in [&c.levels.control_plane, &c.levels.etcd_only] {
+            assert!(lc.drain);
+            assert_eq!(lc.drain_timeout.0, Duration::from_secs(120));
+            assert_eq!(lc.on_drain_timeout, OnDrainTimeout::Proceed);
+        }
+        let c = Config::parse(
+            "[levels.control-plane]\ndrain_timeout = \"30s\"\non_drain_timeout = \"delete\"\n\
+             [levels.etcd-only]\ndrain = false\n",
+        )
+        .unwrap();
+        let s = c.levels.control_plane.drain_settings().unwrap();
+        assert_eq!((s.timeout, s.on_timeout), (Duration::from_secs(30), OnDrainTimeout::Delete));
+        assert_eq!(c.levels.etcd_only.drain_settings(), None);
+        let e = err("[levels.control-plane]\non_drain_timeout = \"force\"\n");
+        assert!(e.contains("on_drain_timeout") && e.contains("proceed"), "{e}");
+        let e = err("[levels.etcd-only]\ndrain_timeout = \"0s\"\n");
+        assert!(e.contains("levels.etcd-only.drain_timeout"), "{e}");
+        assert!(Config::parse("[levels.etcd-only]\ndrain = false\ndrain_timeout = 0\n").is_ok());
     }
 
     #[test]

@@ -7,9 +7,12 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::level::Level;
+use crate::units::HumanDuration;
 
 /// The effect of regrade's taint while a level below `full` is in force
 /// (docs/behaviour.md, "Levels").
@@ -52,13 +55,62 @@ pub struct LevelConfig {
     /// Unset: the level's built-in flags (none for `control-plane`; for `etcd-only`
     /// the three `disable-*` flags k3s documents for etcd-only servers).
     pub k3s: Option<BTreeMap<String, FlagValue>>,
+    /// Evict the Node's pods on the step down into this level (`cluster::drain`).
+    pub drain: bool,
+    /// How long the drain may take before `on_drain_timeout` applies.
+    pub drain_timeout: HumanDuration,
+    pub on_drain_timeout: OnDrainTimeout,
 }
 
 impl Default for LevelConfig {
     fn default() -> Self {
-        LevelConfig { taint_effect: TaintEffect::NoExecute, k3s: None }
+        LevelConfig {
+            // Nothing new lands, nothing bypasses a PodDisruptionBudget: the drain
+            // moves the pods. NoExecute would delete them all, DaemonSets' too.
+            taint_effect: TaintEffect::NoSchedule,
+            k3s: None,
+            drain: true,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            on_drain_timeout: OnDrainTimeout::default(),
+        }
     }
 }
+
+impl LevelConfig {
+    /// The drain on the step down into this level; `None` with `drain = false`.
+    pub fn drain_settings(&self) -> Option<DrainSettings> {
+        self.drain.then_some(DrainSettings { timeout: self.drain_timeout.0, on_timeout: self.on_drain_timeout })
+    }
+}
+
+/// What happens to pods still on the Node when `drain_timeout` has passed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrainTimeout {
+    /// The step goes on; the pods stay, each named (with the budget holding it).
+    #[default]
+    Proceed,
+    /// The pods are deleted, bypassing their PodDisruptionBudgets.
+    Delete,
+}
+
+impl OnDrainTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDrainTimeout::Proceed => "proceed",
+            OnDrainTimeout::Delete => "delete",
+        }
+    }
+}
+
+/// A level's drain keys (`drain`, `drain_timeout`, `on_drain_timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainSettings {
+    pub timeout: Duration,
+    pub on_timeout: OnDrainTimeout,
+}
+
+pub const DEFAULT_DRAIN_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(120));
 
 /// The k3s flags k3s documents for an etcd-only server. The agent stays: k3s does not
 /// support `disable-agent` with embedded etcd (docs/behaviour.md, "Levels").

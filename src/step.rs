@@ -236,6 +236,25 @@ async fn apply(
     keeper: &Keeper,
     mode: Mode,
 ) -> anyhow::Result<()> {
+    if mode == Mode::Fresh && step.direction == Direction::Down {
+        // The drain: after the cordon and taint (no pod comes back), before any
+        // restart (the local API still answers), while the Lease is held.
+        let settings = levels.get(step.to).and_then(|l| l.drain_settings());
+        if let Some(report) = match settings {
+            Some(s) => cluster.drain(step.to, s).await,
+            None => None,
+        } {
+            if report.interrupted && levels.needs_restart(step.from, step.to) {
+                // Stopped by a signal before the restart: k3s is still at `from`,
+                // so the marks go back to it and the step did not happen.
+                if let Err(m) = cluster.mark_node(step.from, levels).await {
+                    keeper.marks_unsure.set(true);
+                    tracing::error!(error = %format!("{m:#}"), level = %step.from, "could not put the Node's marks back");
+                }
+                anyhow::bail!("stopped by a signal while draining, before restarting k3s; {report}");
+            }
+        }
+    }
     let tracked = Tracked { cluster, keeper };
     let applied = match mode {
         Mode::Fresh => actuator.apply_level(step.to, &tracked).await,

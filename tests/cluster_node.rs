@@ -69,7 +69,7 @@ fn a_step_down_and_up_leaves_the_operators_marks_byte_identical() {
                 [
                     ("dedicated".into(), "NoSchedule".into()),
                     ("example.com/maintenance".into(), "NoExecute".into()),
-                    ("regrade.dev/stepped-down".into(), "NoExecute".into())
+                    ("regrade.dev/stepped-down".into(), "NoSchedule".into())
                 ]
             );
 

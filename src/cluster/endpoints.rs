@@ -195,6 +195,11 @@ impl Endpoints {
             // address need not be among its names; k3s puts `kubernetes` on all of them.
             config.tls_server_name = self.settings.tls_server_name.clone();
         }
+        // kube retries 429, 503 and 504 itself by default (up to 15 times). Here a 503
+        // is k3s's "apiserver disabled", which must move on to the next endpoint at
+        // once, and a 429 on an eviction is a PodDisruptionBudget's answer, which the
+        // drain must see (it retries with its own backoff and names the budget).
+        config.default_retry = false;
         config.connect_timeout = Some(self.settings.request_timeout);
         config.read_timeout = Some(self.settings.request_timeout);
         let client = kube::Client::try_from(config).map_err(|e| error_chain(&e))?;

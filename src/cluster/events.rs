@@ -76,6 +76,11 @@ pub fn describe(e: &StepEvent<'_>) -> (EventType, EventReason, String) {
 
 pub async fn record(eps: &Endpoints, node: &str, e: &StepEvent<'_>) -> anyhow::Result<()> {
     let (type_, reason, message) = describe(e);
+    post(eps, node, type_.as_str(), reason.as_str(), message).await
+}
+
+/// Records an Event of `type_` and `reason` on Node `node` (the drain's end, too).
+pub async fn post(eps: &Endpoints, node: &str, type_: &str, reason: &str, message: String) -> anyhow::Result<()> {
     let now = Timestamp::now();
     let stamp = Time(Timestamp::from_second(now.as_second())?);
     let event = Event {
@@ -92,8 +97,8 @@ pub async fn record(eps: &Endpoints, node: &str, e: &StepEvent<'_>) -> anyhow::R
             uid: Some(node.into()),
             ..Default::default()
         },
-        type_: Some(type_.as_str().into()),
-        reason: Some(reason.as_str().into()),
+        type_: Some(type_.into()),
+        reason: Some(reason.into()),
         message: Some(message),
         source: Some(EventSource { component: Some(COMPONENT.into()), host: Some(node.into()) }),
         reporting_component: Some(COMPONENT.into()),

@@ -6,6 +6,7 @@
 //! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
 
 pub mod clock;
+pub mod drain;
 pub mod endpoints;
 pub mod events;
 pub mod lease;
@@ -160,6 +161,13 @@ pub trait Cluster: NodeReadiness {
 
     /// Records a Kubernetes Event on the Node. Failing to record is logged, not fatal.
     async fn record(&self, event: StepEvent<'_>);
+
+    /// Drains the Node (`drain`): evicts its pods, bounded by `settings.timeout`,
+    /// ended early by SIGTERM or SIGINT. Logs its progress and records its end as an
+    /// Event. `None`: nothing to drain here (a dry run, a fake).
+    async fn drain(&self, _level: Level, _settings: drain::DrainSettings) -> Option<drain::DrainReport> {
+        None
+    }
 }
 
 /// A gate that never refuses and marks nothing: for `--dry-run` and `simulate`.
@@ -362,6 +370,38 @@ impl Cluster for KubeCluster {
         if let Err(e) = events::record(&self.endpoints, &self.node_name, &event).await {
             tracing::warn!(error = %format!("{e:#}"), node = %self.node_name, "could not record the Event on the Node");
         }
+    }
+
+    async fn drain(&self, level: Level, settings: drain::DrainSettings) -> Option<drain::DrainReport> {
+        use tokio::signal::unix::{signal, SignalKind};
+        // A signal ends the drain at the next request; the step then ends at the level
+        // its marks already say (see step.rs). The handlers stay registered afterwards
+        // (tokio cannot unregister them): `watch` has its own anyway.
+        let stop = async {
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut t), Ok(mut i)) => {
+                    tokio::select! {
+                        _ = t.recv() => {}
+                        _ = i.recv() => {}
+                    }
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        let node = self.node_name.as_str();
+        tracing::info!(node, level = %level, timeout = ?settings.timeout, "draining the Node");
+        let report = drain::drain(&self.endpoints, node, settings, stop, &mut |r| {
+            tracing::info!(node, progress = %r, "drain");
+        })
+        .await;
+        let (type_, reason, message) = report.event();
+        if report.incomplete() {
+            tracing::warn!(node, report = %report, "the drain left pods on the Node");
+        }
+        if let Err(e) = events::post(&self.endpoints, node, type_, reason, message).await {
+            tracing::warn!(error = %format!("{e:#}"), node, "could not record the drain's Event on the Node");
+        }
+        Some(report)
     }
 }
 

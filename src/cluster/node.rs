@@ -282,8 +282,9 @@ mod tests {
         assert_eq!(cp.spec.as_ref().unwrap().unschedulable, Some(true));
         let taints = cp.spec.as_ref().unwrap().taints.clone().unwrap();
         assert_eq!(taints[0], other_taint());
-        assert_eq!((taints[1].key.as_str(), taints[1].effect.as_str()), ("regrade.dev/stepped-down", "NoExecute"));
-        assert!(taints[1].time_added.is_some());
+        // NoSchedule by default: the drain moves the pods, within their budgets.
+        assert_eq!((taints[1].key.as_str(), taints[1].effect.as_str()), ("regrade.dev/stepped-down", "NoSchedule"));
+        assert!(taints[1].time_added.is_none());
         let eo = after(&cp, Level::EtcdOnly, &levels);
         assert_eq!(eo.metadata.labels.as_ref().unwrap()["regrade.dev/level"], "etcd-only");
         let back = after(&after(&eo, Level::ControlPlane, &levels), Level::Full, &levels);
@@ -308,8 +309,11 @@ mod tests {
     #[test]
     fn the_effect_follows_the_level() {
         let mut levels = LevelsConfig::default();
+        levels.control_plane.taint_effect = TaintEffect::NoExecute;
         levels.etcd_only.taint_effect = TaintEffect::NoSchedule;
         let cp = after(&node(false, vec![]), Level::ControlPlane, &levels);
+        let t = &cp.spec.as_ref().unwrap().taints.as_ref().unwrap()[0];
+        assert!(t.effect == "NoExecute" && t.time_added.is_some(), "{t:?}");
         let eo = after(&cp, Level::EtcdOnly, &levels);
         let t = &eo.spec.as_ref().unwrap().taints.as_ref().unwrap()[0];
         assert_eq!((t.effect.as_str(), t.time_added.as_ref()), ("NoSchedule", None));

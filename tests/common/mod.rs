@@ -63,6 +63,11 @@ fn rig(script: &str) -> PathBuf {
 
 /// Starts a harness, or prints a notice and returns `None` when the gate is unset.
 pub fn start(test: &str) -> Option<Harness> {
+    start_with(test, &[])
+}
+
+/// As [`start`], with extra `harness run` flags (`--controller-manager`, `--kubelet`).
+pub fn start_with(test: &str, args: &[&str]) -> Option<Harness> {
     if std::env::var(GATE).as_deref() != Ok("1") {
         // Straight to stderr: libtest captures eprintln!, and a skip must be seen.
         let _ = writeln!(
@@ -75,6 +80,7 @@ pub fn start(test: &str) -> Option<Harness> {
     assert!(build.status.success(), "tests/rig/build.sh failed");
     let bin_dir = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().expect("bin dir").trim());
     let mut child = Command::new(rig("kube-harness.sh"))
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .process_group(0)

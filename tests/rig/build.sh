@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Go test components for regrade's tests into a cache outside the repo:
-#   kube-apiserver (k8s.io/kubernetes/cmd/kube-apiserver), kubectl, etcd, k3s-standin
+#   kube-apiserver (k8s.io/kubernetes/cmd/kube-apiserver), kube-controller-manager,
+#   kubectl, etcd, k3s-standin, kubelet-standin, harness
 # all static (CGO_ENABLED=0). Skips what is already built. GOCACHE and GOMODCACHE
 # live under the same cache so CI reruns are fast.
 # Last stdout line: the bin dir. Progress goes to stderr.
@@ -41,11 +42,12 @@ vpkg=k8s.io/component-base/version
 kver="-X $vpkg.gitVersion=$k8s_ver -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
 
 [ -x "$bin/kube-apiserver" ] || gobuild "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver -ldflags "-s -w $kver"
+[ -x "$bin/kube-controller-manager" ] || gobuild "$bin/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager -ldflags "-s -w $kver"
 [ -x "$bin/kubectl" ]        || gobuild "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl -ldflags "-s -w $kver"
 [ -x "$bin/etcd" ]           || gobuild "$bin/etcd" ./cmd/etcd -ldflags "-s -w"
 
-# The stand-in and harness are this repo's code: rebuild when their source changes.
-for cmd in k3s-standin harness; do
+# The stand-ins and harness are this repo's code: rebuild when their source changes.
+for cmd in k3s-standin kubelet-standin harness; do
   [ -d "$mod/cmd/$cmd" ] || continue
   src="$(cat "$mod/cmd/$cmd"/*.go "$mod"/internal/*/*.go | sha256sum | cut -c1-16)"
   if [ ! -x "$bin/$cmd" ] || [ "$(cat "$bin/.$cmd.src" 2>/dev/null)" != "$src" ]; then

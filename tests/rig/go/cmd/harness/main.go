@@ -10,6 +10,11 @@
 //	    (SERVER, CA, CERT, KEY, DIR, ETCD). Stays in the foreground until
 //	    SIGTERM/SIGINT (or until etcd/apiserver dies, exit 1), then stops both
 //	    and removes its temp dir (unless --dir was given).
+//	    --controller-manager also runs kube-controller-manager (controllers
+//	    disruption and replicaset: PodDisruptionBudget status, ReplicaSet pods)
+//	    and --kubelet runs kubelet-standin (pods on any Node run and finish their
+//	    graceful deletions; unscheduled pods are bound to a fitting Node), both
+//	    with the admin kubeconfig, once /readyz answers; either dying stops all.
 //	harness certs DIR [--host H]... [--server URL]
 //	    Creates what is missing of a cert dir (ca, apiserver serving cert for
 //	    127.0.0.1/localhost plus each --host, sa key pair, admin client cert) and,
@@ -103,6 +108,8 @@ func run(args []string) {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	binDir := fs.String("bin-dir", filepath.Dir(self), "dir with etcd and kube-apiserver")
 	keep := fs.String("dir", "", "work dir to use and keep (default: a temp dir, removed at exit)")
+	withKCM := fs.Bool("controller-manager", false, "also run kube-controller-manager (disruption, replicaset)")
+	withKubelet := fs.Bool("kubelet", false, "also run kubelet-standin --schedule for every Node")
 	fs.Parse(args)
 	dir := *keep
 	if dir == "" {
@@ -148,6 +155,7 @@ func run(args []string) {
 	api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
 	procs := []*exec.Cmd{api, etcd}
 	stop := func() {
+		// Clients first: the API server's shutdown waits for their watches.
 		for _, c := range procs {
 			c.Process.Signal(syscall.SIGTERM)
 			done := make(chan struct{})
@@ -160,7 +168,7 @@ func run(args []string) {
 			}
 		}
 	}
-	died := make(chan string, 2)
+	died := make(chan string, 4)
 	go func() { etcd.Wait(); died <- "etcd" }()
 	go func() { api.Wait(); died <- "kube-apiserver" }()
 	sigs := make(chan os.Signal, 1)
@@ -198,6 +206,18 @@ func run(args []string) {
 			stop()
 			die("kube-apiserver not ready after 3m; log in %s", logf.Name())
 		}
+	}
+	// After /readyz: neither has anything to do before the API answers.
+	if *withKCM {
+		kcm := start("kube-controller-manager", "--kubeconfig="+kc, "--leader-elect=false",
+			"--controllers=disruption,replicaset", "--bind-address=127.0.0.1", "--secure-port=0", "-v=1")
+		procs = append([]*exec.Cmd{kcm}, procs...)
+		go func() { kcm.Wait(); died <- "kube-controller-manager" }()
+	}
+	if *withKubelet {
+		kl := start("kubelet-standin", "--kubeconfig="+kc, "--schedule")
+		procs = append([]*exec.Cmd{kl}, procs...)
+		go func() { kl.Wait(); died <- "kubelet-standin" }()
 	}
 	fmt.Println(kc)
 	fmt.Printf("SERVER=%s\nCA=%s\nCERT=%s\nKEY=%s\nDIR=%s\nETCD=%s\nLOG=%s\n", server,
