@@ -145,8 +145,22 @@ record = "{record}"
             assert!(t0.elapsed() < Duration::from_secs(60), "no sample within 60 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let (start_conns, start_bytes) =
-            (counts.connections.load(Ordering::SeqCst), counts.bytes.load(Ordering::SeqCst));
+        // The proxy counts a forwarded chunk after writing it on: on a loaded machine
+        // the count of start-up's last reply can land after the first sample's log
+        // line. Take the start-up figures once they have been still for 300 ms (six
+        // samples at 50 ms): whatever moves after that is the calm watch's.
+        let snapshot = || (counts.connections.load(Ordering::SeqCst), counts.bytes.load(Ordering::SeqCst));
+        let (mut start_conns, mut start_bytes) = snapshot();
+        let mut still_since = Instant::now();
+        while still_since.elapsed() < Duration::from_millis(300) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = snapshot();
+            if now != (start_conns, start_bytes) {
+                (start_conns, start_bytes) = now;
+                still_since = Instant::now();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "start-up traffic never ended");
+        }
         while seen.load(Ordering::SeqCst) < SAMPLES as usize {
             assert!(watch.try_wait().unwrap().is_none(), "regrade watch exited early");
             assert!(
