@@ -9,6 +9,7 @@ pub mod events;
 pub mod lease;
 pub mod node;
 pub mod peers;
+pub mod static_dns;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
