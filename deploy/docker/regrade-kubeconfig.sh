@@ -26,8 +26,8 @@ duration="${DURATION:-8760h}"
 kc() { $kubectl "$@"; }
 
 kc apply -f - <"$here/../rbac.yaml" >&2
-server="${SERVER:-$(kc config view --raw --minify -o 'jsonpath={.clusters[0].cluster.server}')}"
-ca="$(kc config view --raw --minify -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')"
+server="${SERVER:-$(kc config view --raw --minify --flatten -o 'jsonpath={.clusters[0].cluster.server}')}"
+ca="$(kc config view --raw --minify --flatten -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')"
 [ -n "$server" ] && [ -n "$ca" ] || { echo "regrade-kubeconfig.sh: no server URL or CA data in kubectl's kubeconfig" >&2; exit 1; }
 token="$(kc -n kube-system create token regrade --duration="$duration")"
 

@@ -3,7 +3,8 @@
 #
 #   rig.sh up               install docker.io and docker-compose, start our own dockerd
 #                           if it is not running, build the static regrade
-#                           (static.sh) and the images; prints `socket=...`,
+#                           (static.sh, unless REGRADE_STATIC_BIN names it) and the
+#                           images; prints `socket=...`,
 #                           `image=...`, `k3s_image=...`, `regrade_image=...` on stdout
 #   rig.sh restart-dockerd  stop and start that dockerd (containers with a restart
 #                           policy come back through their entrypoint)
@@ -127,7 +128,11 @@ case "${1:-}" in
   up)
     install_packages
     start_dockerd
-    build_image "$(bash "$here/static.sh" | tail -n 1)"
+    # run.sh builds it first (REGRADE_STATIC_BIN); a cargo started from a test
+    # process sees another environment and could rebuild for nothing.
+    static_bin="${REGRADE_STATIC_BIN:-}"
+    [ -n "$static_bin" ] || static_bin="$(bash "$here/static.sh" | tail -n 1)"
+    build_image "$static_bin"
     echo "socket=$sock"
     echo "image=$image"
     echo "k3s_image=$k3s_image"

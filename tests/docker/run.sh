@@ -11,7 +11,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/../.."
 trap 'bash "$here/rig.sh" down' EXIT
 t0=$SECONDS
-bash "$here/static.sh" >/dev/null
+REGRADE_STATIC_BIN="$(bash "$here/static.sh" | tail -n 1)"
+export REGRADE_STATIC_BIN
 echo "run.sh: static build and checks took $((SECONDS - t0)) s" >&2
 # The tests start the rig themselves (rig.sh up, once per process).
 REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" cargo test --locked --no-fail-fast --features docker \
