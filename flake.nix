@@ -14,7 +14,7 @@
     # Only what cargo needs: a change to the README or the VM test rebuilds nothing.
     src = lib.fileset.toSource {
       root = ./.;
-      fileset = lib.fileset.unions [./Cargo.toml ./Cargo.lock ./rustfmt.toml ./src];
+      fileset = lib.fileset.unions [./Cargo.toml ./Cargo.lock ./rustfmt.toml ./build.rs ./src];
     };
 
     regradeFor = pkgs: features:
@@ -24,6 +24,18 @@
         inherit src;
         cargoLock.lockFile = ./Cargo.lock;
         buildFeatures = features;
+        nativeBuildInputs = [pkgs.installShellFiles];
+        # build.rs writes the man pages and completions from the clap definitions here.
+        preBuild = ''
+          export REGRADE_GEN_DIR=$PWD/target/regrade-gen
+        '';
+        postInstall = ''
+          installManPage target/regrade-gen/man/*.1
+          installShellCompletion --cmd regrade \
+            --bash target/regrade-gen/completions/regrade.bash \
+            --zsh target/regrade-gen/completions/_regrade \
+            --fish target/regrade-gen/completions/regrade.fish
+        '';
         # Unit tests run here; the integration tests need root, systemd, an API server or
         # dockerd and skip with a notice when their REGRADE_* variable is unset, as it is
         # in the build sandbox.
@@ -48,7 +60,11 @@
       regrade = regradeFor final [];
     };
 
+    # A `key`, so a fleet that imports this from a shared profile and from a host file
+    # gets it once (lib.evalModules drops modules whose key it has seen).
     nixosModules.default = {pkgs, ...}: {
+      key = "regrade#nixosModules.default";
+      _file = "${toString ./flake.nix}#nixosModules.default";
       imports = [./nixos/module.nix];
       services.regrade.package = lib.mkDefault self.packages.${pkgs.stdenv.hostPlatform.system}.default;
     };
@@ -71,7 +87,7 @@
       # no dependency resolution in the sandbox.
       fmt = pkgs.runCommand "regrade-fmt" {nativeBuildInputs = [pkgs.rustfmt];} ''
         cd ${src}
-        rustfmt --check --edition 2021 src/lib.rs src/main.rs
+        rustfmt --check --edition 2021 build.rs src/lib.rs src/main.rs
         touch $out
       '';
     });

@@ -1,5 +1,5 @@
 # services.regrade: steps a k3s server down under memory pressure without losing its
-# etcd vote, one server at a time (shared/SPEC.md §7).
+# etcd vote, one server at a time (docs/behaviour.md, "The NixOS contract").
 {
   config,
   lib,
@@ -13,11 +13,12 @@
   # The path regrade reads by default, so `regrade status` by hand finds it too.
   configPath = "/etc/regrade/regrade.toml";
   # A stable path for k3s's ExecStartPre: k3s.service's unit text then never changes when
-  # regrade is upgraded or turned off, so neither restarts k3s (SPEC §7, issue 5 step 9).
+  # regrade is upgraded or turned off, so neither restarts k3s (docs/behaviour.md,
+  # "The NixOS contract").
   hookPath = "/etc/regrade/record-start";
 
-  # k3s reads `<config>.d/*.yaml` after its config file; with no --config, that is
-  # /etc/rancher/k3s/config.yaml.d.
+  # k3s reads `<config>.d/*.yaml` and `*.yml` after its config file; with no --config,
+  # that is /etc/rancher/k3s/config.yaml.d.
   k3sConfigFile =
     if k3s.configPath == null
     then "/etc/rancher/k3s/config.yaml"
@@ -26,6 +27,60 @@
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
+  # Left by the switch-time check; `regrade watch` starts no step while it holds (src/hold.rs
+  # reads it: `switch-hold` beside the state file).
+  holdFile = "${dirOf stateFile}/switch-hold";
+
+  # k3s's etcd client certificates (k3s writes them under its data dir at first start).
+  etcdTls = "${cfg.k3sDataDir}/server/tls/etcd";
+  etcdSettings = cfg.settings.etcd;
+  etcdFiles = {
+    ca_file = "${etcdTls}/server-ca.crt";
+    cert_file = "${etcdTls}/client.crt";
+    key_file = "${etcdTls}/client.key";
+  };
+  # What regrade.service reads: the configured file, or k3s's.
+  etcdFile = key:
+    if etcdSettings.${key} != null
+    then etcdSettings.${key}
+    else etcdFiles.${key};
+
+  # k3s runs embedded etcd when it initialises a cluster or joins one; a config file or
+  # extra flags may say so too (they are not read here).
+  k3sFlags = lib.flatten [k3s.extraFlags];
+  flagGiven = flag: lib.any (f: f == flag || lib.hasPrefix "${flag} " f || lib.hasPrefix "${flag}=" f) k3sFlags;
+  embeddedEtcd =
+    k3s.clusterInit
+    || k3s.serverAddr != ""
+    || k3s.configPath != null
+    || flagGiven "--cluster-init"
+    || flagGiven "--server";
+
+  # What deploy/rbac.yaml creates; the minted token is for this account.
+  rbacAccount = {
+    namespace = "kube-system";
+    name = "regrade";
+  };
+
+  # The ports k3s servers with embedded etcd and flannel's VXLAN need open between them.
+  k3sPorts = {
+    tcp = [6443 2379 2380 10250];
+    udp = [8472];
+  };
+  fw = config.networking.firewall;
+  portOpen = proto: port: let
+    allowed = fw."allowed${proto}Ports" ++ lib.concatMap (i: i."allowed${proto}Ports") (lib.attrValues fw.interfaces);
+    ranges = fw."allowed${proto}PortRanges" ++ lib.concatMap (i: i."allowed${proto}PortRanges") (lib.attrValues fw.interfaces);
+  in
+    lib.elem port allowed || lib.any (r: r.from <= port && port <= r.to) ranges;
+  closedPorts =
+    map (p: "${toString p}/tcp") (lib.filter (p: !portOpen "TCP" p) k3sPorts.tcp)
+    ++ map (p: "${toString p}/udp") (lib.filter (p: !portOpen "UDP" p) k3sPorts.udp);
+
+  metricsListen =
+    if lib.hasInfix ":" cfg.metrics.listenAddress
+    then "[${cfg.metrics.listenAddress}]:${toString cfg.metrics.port}"
+    else "${cfg.metrics.listenAddress}:${toString cfg.metrics.port}";
 
   # A path literal (./k3s.yaml) is copied into the store when k3s.service names it.
   configPathInStore =
@@ -38,15 +93,19 @@
   tokenSecret = "${cfg.rbac.serviceAccount}-token";
 
   # Typed options default to null, meaning "regrade's built-in default"; TOML has no null.
-  settingsFile = toml.generate "regrade.toml" (lib.filterAttrsRecursive (_: v: v != null) cfg.settings);
+  # The sections a regrade before `[etcd]`/`[metrics]` does not know are left out whole
+  # when nothing in them is set, so that regrade still reads the file. (Other empty
+  # tables stay: an empty `levels.<level>.k3s` means "no flags".)
+  nonNull = lib.filterAttrsRecursive (_: v: v != null) cfg.settings;
+  settingsFile = toml.generate "regrade.toml" (lib.filterAttrs (n: v: !(lib.elem n ["etcd" "metrics"] && v == {})) nonNull);
 
   # Checked at build time, so a wrong key fails `nixos-rebuild`, not the running daemon.
   checkedSettings =
     if cfg.checkConfig
     then
-      pkgs.runCommand "regrade.toml" {} ''
-        ${cfg.package}/bin/regrade --config ${settingsFile} check-config >/dev/null
-        cp ${settingsFile} $out
+      pkgs.runCommand "regrade.toml" {settings = settingsFile;} ''
+        ${cfg.package}/bin/regrade --config "$settings" check-config >/dev/null
+        cp "$settings" $out
       ''
     else settingsFile;
 
@@ -127,6 +186,24 @@
           default, `NoExecute` (pods leave, so memory is freed).
         '';
       };
+      drain = lib.mkOption {
+        type = nullOr lib.types.bool;
+        default = null;
+        example = false;
+        description = "Evict the Node's pods through the Eviction API on the way down to `${name}` (PodDisruptionBudgets respected, DaemonSet and mirror pods left). `null`: regrade's default (on). Needs a regrade that knows `drain`.";
+      };
+      drain_timeout = lib.mkOption {
+        type = nullOr lib.types.str;
+        default = null;
+        example = "5m";
+        description = "How long the drain may take before `on_drain_timeout` applies. `null`: regrade's default (2m).";
+      };
+      on_drain_timeout = lib.mkOption {
+        type = nullOr (lib.types.enum ["proceed" "delete"]);
+        default = null;
+        example = "delete";
+        description = "When the drain's deadline passes with pods left: `proceed` (the step completes, the pods stay, each named) or `delete` (delete them, as `kubectl drain --disable-eviction`). `null`: `proceed`.";
+      };
       k3s = lib.mkOption {
         type = nullOr (lib.types.attrsOf flagValue);
         default = null;
@@ -201,6 +278,46 @@ in {
       };
     };
 
+    k3sDataDir = lib.mkOption {
+      type = lib.types.str;
+      default = "/var/lib/rancher/k3s";
+      description = ''
+        k3s's data directory (its `--data-dir`; the nixpkgs module keeps the default). The
+        etcd client certificates regrade reads by default are under
+        `<k3sDataDir>/server/tls/etcd/`: `server-ca.crt`, `client.crt`, `client.key`.
+      '';
+    };
+
+    switchHoldSeconds = lib.mkOption {
+      type = lib.types.ints.between 30 900;
+      default = 300;
+      description = ''
+        How long the switch-time check (of a configuration with regrade off) holds the
+        running `regrade watch` from starting a step, so no step starts between the check
+        and regrade.service stopping. The hold ends on its own.
+      '';
+    };
+
+    metrics = {
+      enable = lib.mkEnableOption "regrade's Prometheus metrics endpoint (`[metrics] listen`)";
+      listenAddress = lib.mkOption {
+        type = lib.types.str;
+        default = "127.0.0.1";
+        example = "0.0.0.0";
+        description = "Address the metrics endpoint listens on. Loopback (the default) is the recommendation; scrape through a local agent.";
+      };
+      port = lib.mkOption {
+        type = lib.types.port;
+        default = 9559;
+        description = "TCP port of the metrics endpoint.";
+      };
+      openFirewall = lib.mkOption {
+        type = lib.types.bool;
+        default = false;
+        description = "Open `port` in the NixOS firewall (only useful with a non-loopback `listenAddress`).";
+      };
+    };
+
     watchdogSec = lib.mkOption {
       type = lib.types.ints.positive;
       default = 60;
@@ -250,7 +367,7 @@ in {
           };
           pressure = lib.mkOption {
             default = {};
-            description = "When a sample is over or calm (SPEC §3).";
+            description = "When a sample is over or calm (docs/behaviour.md, section Decision rules).";
             type = lib.types.submodule {
               freeformType = toml.type;
               options = {
@@ -326,6 +443,46 @@ in {
                   default = null;
                   description = "Set from `services.regrade.kubeconfig` (the minted least-privilege kubeconfig by default).";
                 };
+                node_name = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  description = "This server's Node name. Set from `services.k3s.nodeName` (k3s's `--node-name`); `null`: the host name, as k3s.";
+                };
+              };
+            };
+          };
+          etcd = lib.mkOption {
+            default = {};
+            description = ''
+              How regrade asks this server's etcd member about its peers before a k3s
+              restart. Each key is written only when set, so a regrade that does not know
+              `[etcd]` yet still reads the file; regrade.service can read the certificate
+              files either way (and nothing else of k3s's data directory).
+            '';
+            type = lib.types.submodule {
+              freeformType = toml.type;
+              options = {
+                endpoints = lib.mkOption {
+                  type = nullOr (lib.types.listOf (lib.types.strMatching "https?://.+"));
+                  default = null;
+                  example = ["https://127.0.0.1:2379"];
+                  description = "etcd client URLs of this server's member. `null`: `https://127.0.0.1:2379`.";
+                };
+                ca_file = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  description = "CA of etcd's server certificate. `null`: k3s's, `<k3sDataDir>/server/tls/etcd/server-ca.crt`.";
+                };
+                cert_file = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  description = "etcd client certificate. `null`: k3s's, `<k3sDataDir>/server/tls/etcd/client.crt`.";
+                };
+                key_file = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  description = "Its key. `null`: k3s's, `<k3sDataDir>/server/tls/etcd/client.key`.";
+                };
               };
             };
           };
@@ -365,35 +522,17 @@ in {
     # would step it back up. This check is part of the configuration being switched TO,
     # so it runs when that configuration has regrade off.
     (lib.mkIf (!cfg.enable) {
-      system.preSwitchChecks.regrade-not-below-full = ''
-        if [ "''${2-}" != dry-activate ]; then
-          below=""
-          if [ -e ${lib.escapeShellArg cfg.settings.systemd.dropin} ]; then
-            below="regrade's k3s drop-in ${cfg.settings.systemd.dropin} is in place, so k3s runs (or will start) below full"
-          fi
-          if [ -r ${lib.escapeShellArg recordFile} ]; then
-            read -r level < ${lib.escapeShellArg recordFile} || level=""
-            if [ -n "$level" ] && [ "$level" != full ]; then
-              below="k3s was started at level '$level' (${recordFile})"
-            fi
-          fi
-          # control-plane restarts nothing, so only the daemon's own state tells it.
-          if [ -r ${lib.escapeShellArg stateFile} ]; then
-            state=$(< ${lib.escapeShellArg stateFile}) || state=""
-            if [[ $state =~ \"level\"[[:space:]]*:[[:space:]]*\"(control-plane|etcd-only)\" ]]; then
-              level=''${BASH_REMATCH[1]}
-              below="regrade's state (${stateFile}) says level '$level'"
-            fi
-          fi
-          if [ -n "$below" ]; then
-            echo "regrade: refusing to turn regrade off on this server while it is below full: $below." >&2
-            echo "Nothing would step it back up. First step it up by hand with the regrade still running:" >&2
-            echo "  regrade step to full    (then 'regrade status' must say: level full)" >&2
-            echo "and switch again." >&2
-            exit 1
-          fi
-        fi
-      '';
+      # The text runs in NixOS's pre-switch-checks script; nixos/pre-switch-check.sh says how.
+      system.preSwitchChecks.regrade-not-below-full =
+        ''
+          regrade_dropin=${lib.escapeShellArg cfg.settings.systemd.dropin}
+          regrade_record=${lib.escapeShellArg recordFile}
+          regrade_state=${lib.escapeShellArg stateFile}
+          regrade_hold=${lib.escapeShellArg holdFile}
+          regrade_hold_seconds=${toString cfg.switchHoldSeconds}
+          regrade_bin=${pkgs.coreutils}/bin
+        ''
+        + builtins.readFile ./pre-switch-check.sh;
     })
 
     (lib.mkIf cfg.enable {
@@ -423,19 +562,45 @@ in {
           message = "services.regrade.settings.systemd.dropin = \"${cfg.settings.systemd.dropin}\" is not in ${k3sConfigFile}.d, the directory k3s reads config drop-ins from: k3s would never see regrade's flags.";
         }
         {
-          assertion = lib.hasSuffix ".yaml" cfg.settings.systemd.dropin;
-          message = "services.regrade.settings.systemd.dropin = \"${cfg.settings.systemd.dropin}\" must end in .yaml: k3s reads only config.yaml.d/*.yaml.";
+          assertion = lib.hasSuffix ".yaml" cfg.settings.systemd.dropin || lib.hasSuffix ".yml" cfg.settings.systemd.dropin;
+          message = "services.regrade.settings.systemd.dropin = \"${cfg.settings.systemd.dropin}\" must end in .yaml or .yml: k3s reads only those files of ${k3sConfigFile}.d.";
+        }
+        {
+          assertion = k3s.role != "server" || embeddedEtcd;
+          message = "services.regrade: this k3s server runs no etcd: with neither services.k3s.clusterInit, nor serverAddr, nor configPath (nor --cluster-init or --server in extraFlags), k3s keeps its data in embedded SQLite, so there is no etcd vote for regrade to protect. Set services.k3s.clusterInit = true on the first server and serverAddr on the others, or leave regrade off on this host.";
+        }
+        {
+          assertion = !k3s.disableAgent;
+          message = "services.regrade: services.k3s.disableAgent = true runs this server without its kubelet, so it has no Node for regrade to cordon, taint and label. Keep the agent on the servers regrade runs on (or leave regrade off here).";
+        }
+        {
+          assertion = !cfg.rbac.enable || (cfg.rbac.serviceAccount == rbacAccount.name && cfg.rbac.namespace == rbacAccount.namespace);
+          message = "services.regrade.rbac: ServiceAccount ${cfg.rbac.namespace}/${cfg.rbac.serviceAccount} is not the one deploy/rbac.yaml creates (${rbacAccount.namespace}/${rbacAccount.name}), so its token Secret would be deleted by the token controller and regrade-credentials would retry forever. Keep the defaults, or set rbac.enable = false and create that ServiceAccount and its RBAC yourself.";
         }
       ];
 
-      services.regrade.settings.cluster = {
-        api_servers = cfg.apiServers;
-        kubeconfig = lib.mkDefault (
-          if mintCredentials
-          then mintedKubeconfig
-          else cfg.kubeconfig
-        );
+      # firewall.nix trusts "lo" itself; another trusted interface is taken to be the cluster's.
+      warnings =
+        lib.optional (fw.enable && lib.remove "lo" fw.trustedInterfaces == [] && closedPorts != []) ''
+          services.regrade: the NixOS firewall is on and does not open ${lib.concatStringsSep ", " closedPorts}, which k3s servers with embedded etcd need between them (API 6443/tcp, etcd 2379-2380/tcp, kubelet 10250/tcp, flannel VXLAN 8472/udp); the nixpkgs k3s module opens none. Without them the servers cannot form a cluster: open them (networking.firewall.allowedTCPPorts / allowedUDPPorts, or per interface).'';
+
+      services.regrade.settings = {
+        cluster = {
+          api_servers = cfg.apiServers;
+          kubeconfig = lib.mkDefault (
+            if mintCredentials
+            then mintedKubeconfig
+            else cfg.kubeconfig
+          );
+          # k3s registers the Node under --node-name; regrade must patch that one.
+          node_name = lib.mkIf (k3s.nodeName != null) (lib.mkDefault k3s.nodeName);
+        };
+        # Only a non-default data dir needs the paths written (regrade's defaults are k3s's).
+        etcd = lib.mkIf (cfg.k3sDataDir != "/var/lib/rancher/k3s") (lib.mapAttrs (_: lib.mkDefault) etcdFiles);
+        metrics = lib.mkIf cfg.metrics.enable {listen = metricsListen;};
       };
+
+      networking.firewall.allowedTCPPorts = lib.mkIf (cfg.metrics.enable && cfg.metrics.openFirewall) [cfg.metrics.port];
 
       environment.systemPackages = [cfg.package];
       environment.etc."regrade/regrade.toml".source = checkedSettings;
@@ -514,6 +679,12 @@ in {
           NoNewPrivileges = true;
           ProtectSystem = "strict";
           ReadWritePaths = lib.unique [dropinDir (dirOf recordFile) (dirOf stateFile)];
+          # Of k3s's data directory (its tokens, its CA keys), only the etcd client
+          # certificates are visible, read-only: an empty read-only tmpfs over it with the
+          # three files bound in (systemd.exec(5) gives this pairing as its example).
+          # "-": a missing file is for regrade to name, not a unit that cannot start.
+          TemporaryFileSystem = ["${cfg.k3sDataDir}:ro"];
+          BindReadOnlyPaths = map (k: "-${etcdFile k}") ["ca_file" "cert_file" "key_file"];
           ProtectHome = true;
           PrivateTmp = true;
           PrivateDevices = true;

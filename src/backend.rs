@@ -1,4 +1,6 @@
-//! Wiring: which actuator and which cluster a command runs with.
+//! Wiring: which actuator and which cluster a command runs with. With `config`, the
+//! only place that sees every section: each edge is built from its own section and
+//! the levels.
 
 use crate::actuator::dry_run::DryRun;
 use crate::actuator::Actuator;
@@ -14,7 +16,7 @@ pub struct Backend {
 /// The real actuator and cluster, as this build and the configuration choose.
 pub async fn real(cfg: &Config) -> anyhow::Result<Backend> {
     let actuator = actuator(cfg)?;
-    let cluster = crate::cluster::connect(cfg).await?;
+    let cluster = cluster(cfg).await?;
     Ok(Backend { actuator, cluster })
 }
 
@@ -27,14 +29,19 @@ pub async fn dry_run(cfg: &Config) -> Backend {
     Backend { actuator: Box::new(DryRun::new(level)), cluster: Box::new(AlwaysFree) }
 }
 
+/// The Kubernetes API as `[cluster]` configures it. Connects nowhere until first used.
+pub async fn cluster(cfg: &Config) -> anyhow::Result<Box<dyn Cluster>> {
+    crate::cluster::connect(&cfg.cluster, &cfg.levels).await
+}
+
 /// The real actuator this build has (systemd, or docker in a `docker` build). Building
 /// it touches nothing; `status` reads the level and any disagreement through it.
 #[cfg(not(feature = "docker"))]
 pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
-    Ok(Box::new(crate::actuator::systemd::SystemdActuator::new(cfg)?))
+    Ok(Box::new(crate::actuator::systemd::SystemdActuator::new(&cfg.systemd, &cfg.levels)?))
 }
 
 #[cfg(feature = "docker")]
 pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
-    Ok(Box::new(crate::actuator::docker::DockerActuator::new(cfg)?))
+    Ok(Box::new(crate::actuator::docker::DockerActuator::new(&cfg.docker, &cfg.levels)?))
 }

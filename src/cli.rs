@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+pub use crate::hand::StepTarget;
 use crate::level::Level;
 
 #[derive(Parser, Debug)]
@@ -82,14 +83,4 @@ pub enum Command {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
-}
-
-#[derive(Subcommand, Debug, Clone, Copy)]
-pub enum StepTarget {
-    /// One level down.
-    Down,
-    /// One level up.
-    Up,
-    /// To LEVEL, one level at a time.
-    To { level: Level },
 }

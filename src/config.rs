@@ -1,292 +1,28 @@
-//! The configuration file (SPEC §6): one TOML file, every key checked at start.
+//! The configuration file (README, "Configuration"): one TOML file, every key checked
+//! at start. This is the composition: each section is owned by the module it
+//! configures (`[pressure]` by `pressure`, `[levels]` by `levels`, `[cluster]` by
+//! `cluster`, `[systemd]` and `[docker]` by their actuators), which cannot import this
+//! module back; only this module and `backend` see them all.
 //!
 //! Unknown keys and wrong types are rejected by serde (`deny_unknown_fields`), which
 //! through `toml` names the key, the file's line and column. Impossible values (a
 //! negative threshold, `sustain` shorter than `sample_period`) are rejected by
-//! [`Config::validate`], which names the key as `section.key`.
+//! [`Config::validate`] and each section's own `validate`, which name the key as
+//! `section.key`.
 
-use std::collections::BTreeMap;
-use std::fmt;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context};
-use serde::{de, Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
-use crate::level::Level;
-use crate::units;
+use crate::actuator::systemd::SystemdConfig;
+use crate::decide::{Settings, StepUp};
+use crate::fsutil;
+use crate::levels::LevelsConfig;
+use crate::pressure::PressureConfig;
 
 pub const DEFAULT_PATH: &str = "/etc/regrade/regrade.toml";
-
-/// Which PSI average the core decides on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    SomeAvg10,
-    SomeAvg60,
-    SomeAvg300,
-    FullAvg10,
-    FullAvg60,
-    FullAvg300,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 6] = [
-        Metric::SomeAvg10,
-        Metric::SomeAvg60,
-        Metric::SomeAvg300,
-        Metric::FullAvg10,
-        Metric::FullAvg60,
-        Metric::FullAvg300,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Metric::SomeAvg10 => "some_avg10",
-            Metric::SomeAvg60 => "some_avg60",
-            Metric::SomeAvg300 => "some_avg300",
-            Metric::FullAvg10 => "full_avg10",
-            Metric::FullAvg60 => "full_avg60",
-            Metric::FullAvg300 => "full_avg300",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StepUp {
-    Automatic,
-    Manual,
-}
-
-/// A duration written `"30s"`, `"5m"`, `"250ms"` (or a whole number of seconds).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct HumanDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = HumanDuration;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a duration such as \"30s\", \"5m\" or \"250ms\"")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<HumanDuration, E> {
-                units::parse_duration(s).map(HumanDuration).map_err(E::custom)
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<HumanDuration, E> {
-                u64::try_from(n)
-                    .map(|s| HumanDuration(Duration::from_secs(s)))
-                    .map_err(|_| E::custom(format!("{n} is negative; a duration must be 0 or more")))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Serialize for HumanDuration {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&units::format_duration(self.0))
-    }
-}
-
-/// A byte size written `"512MiB"`, `"2GiB"` (or a whole number of bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ByteSize(pub u64);
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl de::Visitor<'_> for V {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a size such as \"512MiB\" or \"2GiB\", or a number of bytes")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<ByteSize, E> {
-                units::parse_bytes(s).map(ByteSize).map_err(E::custom)
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<ByteSize, E> {
-                u64::try_from(n)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("{n} is negative; a size must be 0 or more")))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
-    }
-}
-
-/// `mem_available_floor`: a size, or `"none"` to decide on PSI alone (TOML has no null).
-fn floor_de<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ByteSize>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Floor {
-        None(NoneWord),
-        Size(ByteSize),
-    }
-    #[derive(Deserialize)]
-    enum NoneWord {
-        #[serde(rename = "none")]
-        None,
-    }
-    // Untagged enums hide the inner error, so say what is accepted.
-    match Floor::deserialize(d).map_err(|_| {
-        de::Error::custom("expected a size such as \"512MiB\" or a number of bytes (0 or more), or \"none\"")
-    })? {
-        Floor::None(_) => Ok(None),
-        Floor::Size(b) => Ok(Some(b)),
-    }
-}
-
-fn floor_ser<S: serde::Serializer>(v: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(b) => s.serialize_u64(b.0),
-        None => s.serialize_str("none"),
-    }
-}
-
-/// `[pressure]`: the keys of SPEC §6 (a contract).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PressureConfig {
-    pub metric: Metric,
-    /// Percent (0–100) of the chosen PSI average at or above which a sample may be "over".
-    pub threshold: f64,
-    /// Percent below which a sample may be "calm"; defaults to `threshold`.
-    pub calm_threshold: Option<f64>,
-    /// "Over" also needs MemAvailable below this, "calm" at or above it. `"none"`:
-    /// PSI alone decides.
-    #[serde(deserialize_with = "floor_de", serialize_with = "floor_ser")]
-    pub mem_available_floor: Option<ByteSize>,
-    pub sample_period: HumanDuration,
-    pub sustain: HumanDuration,
-    pub cooldown: HumanDuration,
-    /// The PSI file, `/proc/pressure/memory` format.
-    pub source: PathBuf,
-    /// The meminfo file, `/proc/meminfo` format.
-    pub meminfo: PathBuf,
-}
-
-impl Default for PressureConfig {
-    fn default() -> Self {
-        PressureConfig {
-            metric: Metric::SomeAvg10,
-            threshold: 40.0,
-            calm_threshold: None,
-            mem_available_floor: Some(ByteSize(512 << 20)),
-            sample_period: HumanDuration(Duration::from_secs(5)),
-            sustain: HumanDuration(Duration::from_secs(60)),
-            cooldown: HumanDuration(Duration::from_secs(300)),
-            source: PathBuf::from("/proc/pressure/memory"),
-            meminfo: PathBuf::from("/proc/meminfo"),
-        }
-    }
-}
-
-/// What the Node gets while a level is in force (SPEC §2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub enum TaintEffect {
-    NoSchedule,
-    PreferNoSchedule,
-    NoExecute,
-}
-
-impl TaintEffect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaintEffect::NoSchedule => "NoSchedule",
-            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
-            TaintEffect::NoExecute => "NoExecute",
-        }
-    }
-}
-
-/// A k3s flag value as it goes into the k3s config drop-in.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum FlagValue {
-    Bool(bool),
-    Int(i64),
-    Str(String),
-    List(Vec<String>),
-}
-
-/// `[levels.<name>]` for a level below `full`.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LevelConfig {
-    /// The taint's effect while at this level (cordon and taint are set from the
-    /// first level below `full` on).
-    pub taint_effect: TaintEffect,
-    /// k3s flags (config.yaml keys) in force at this level. A change of flags between
-    /// two levels restarts k3s; equal flags (e.g. `full` and `control-plane`) do not.
-    /// Unset: the level's built-in flags (none for `control-plane`; for `etcd-only`
-    /// the three `disable-*` flags k3s documents for etcd-only servers).
-    pub k3s: Option<BTreeMap<String, FlagValue>>,
-}
-
-impl Default for LevelConfig {
-    fn default() -> Self {
-        LevelConfig { taint_effect: TaintEffect::NoExecute, k3s: None }
-    }
-}
-
-/// The k3s flags k3s documents for an etcd-only server. The agent stays (SPEC §2:
-/// `disable-agent` is unsupported with embedded etcd).
-pub const ETCD_ONLY_FLAGS: [&str; 3] = ["disable-apiserver", "disable-controller-manager", "disable-scheduler"];
-
-/// `[levels]`: per-level settings. `full` has none: it is k3s as configured.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LevelsConfig {
-    #[serde(rename = "control-plane")]
-    pub control_plane: LevelConfig,
-    #[serde(rename = "etcd-only")]
-    pub etcd_only: LevelConfig,
-}
-
-impl LevelsConfig {
-    /// The settings of `level`; `None` for `full`.
-    pub fn get(&self, level: Level) -> Option<&LevelConfig> {
-        match level {
-            Level::Full => None,
-            Level::ControlPlane => Some(&self.control_plane),
-            Level::EtcdOnly => Some(&self.etcd_only),
-        }
-    }
-
-    fn get_mut(&mut self, level: Level) -> Option<&mut LevelConfig> {
-        match level {
-            Level::Full => None,
-            Level::ControlPlane => Some(&mut self.control_plane),
-            Level::EtcdOnly => Some(&mut self.etcd_only),
-        }
-    }
-
-    /// The k3s flags in force at `level` (empty at `full`).
-    pub fn k3s_flags(&self, level: Level) -> BTreeMap<String, FlagValue> {
-        match (level, self.get(level).and_then(|l| l.k3s.as_ref())) {
-            (_, Some(flags)) => flags.clone(),
-            (Level::EtcdOnly, None) => ETCD_ONLY_FLAGS.iter().map(|f| (f.to_string(), FlagValue::Bool(true))).collect(),
-            _ => BTreeMap::new(),
-        }
-    }
-
-    /// Whether k3s runs its agent (kubelet) at `level`, so a restart into it waits for
-    /// the Node to be Ready on a fresh heartbeat.
-    pub fn runs_agent(&self, level: Level) -> bool {
-        !matches!(self.k3s_flags(level).get("disable-agent"), Some(FlagValue::Bool(true)))
-    }
-
-    /// Whether moving between `a` and `b` restarts k3s: only when their flags differ.
-    pub fn needs_restart(&self, a: Level, b: Level) -> bool {
-        self.k3s_flags(a) != self.k3s_flags(b)
-    }
-}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -297,9 +33,10 @@ pub struct Config {
     pub pressure: PressureConfig,
     pub levels: LevelsConfig,
     pub cluster: crate::cluster::ClusterConfig,
-    pub systemd: crate::actuator::systemd::SystemdConfig,
+    pub systemd: SystemdConfig,
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 impl Default for Config {
@@ -313,57 +50,57 @@ impl Default for Config {
             systemd: Default::default(),
             #[cfg(feature = "docker")]
             docker: Default::default(),
+            metrics: Default::default(),
         }
     }
 }
 
+/// What a missing configuration file means: the default path may be absent (the
+/// built-in settings apply), a path given on the command line or in the environment
+/// may not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IfMissing {
+    Defaults,
+    Error,
+}
+
+impl IfMissing {
+    /// `Defaults` for [`DEFAULT_PATH`], `Error` for any other path.
+    pub fn for_path(path: &Path) -> IfMissing {
+        if path.as_os_str() == DEFAULT_PATH {
+            IfMissing::Defaults
+        } else {
+            IfMissing::Error
+        }
+    }
+}
+
+/// The file's text; `None` when it is absent and that means the defaults.
+fn read_text(path: &Path, if_missing: IfMissing) -> io::Result<Option<String>> {
+    match if_missing {
+        IfMissing::Defaults => fsutil::read_string_if_exists(path),
+        IfMissing::Error => std::fs::read_to_string(path).map(Some),
+    }
+}
+
 impl Config {
-    /// Loads `path`, or the built-in defaults when `path` is the default path and absent.
-    pub fn load(path: &Path, explicit: bool) -> anyhow::Result<Config> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => String::new(),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        };
+    /// Loads `path`, or the built-in defaults when it is absent and `if_missing` allows.
+    pub fn load(path: &Path, if_missing: IfMissing) -> anyhow::Result<Config> {
+        let text =
+            read_text(path, if_missing).with_context(|| format!("reading {}", path.display()))?.unwrap_or_default();
         Self::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Config> {
         let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         cfg.validate()?;
-        // Spell out each level's flags, so `check-config` shows what is in force.
-        for level in [Level::ControlPlane, Level::EtcdOnly] {
-            let flags = cfg.levels.k3s_flags(level);
-            if let Some(lc) = cfg.levels.get_mut(level) {
-                lc.k3s = Some(flags);
-            }
-        }
+        cfg.levels.spell_out();
         Ok(cfg)
     }
 
     /// Rejects values no server could run with, naming the key.
     pub fn validate(&self) -> anyhow::Result<()> {
-        let p = &self.pressure;
-        check_percent("pressure.threshold", p.threshold)?;
-        if let Some(c) = p.calm_threshold {
-            check_percent("pressure.calm_threshold", c)?;
-            if c > p.threshold {
-                bail!(
-                    "pressure.calm_threshold = {c} is above pressure.threshold = {}: a sample could be over and calm at once",
-                    p.threshold
-                );
-            }
-        }
-        if p.sample_period.0.is_zero() {
-            bail!("pressure.sample_period must be more than 0");
-        }
-        if p.sustain.0 < p.sample_period.0 {
-            bail!(
-                "pressure.sustain = {} is shorter than pressure.sample_period = {}: a streak could never be observed",
-                units::format_duration(p.sustain.0),
-                units::format_duration(p.sample_period.0)
-            );
-        }
+        self.pressure.validate()?;
         for (name, lc) in [("control-plane", &self.levels.control_plane), ("etcd-only", &self.levels.etcd_only)] {
             for key in lc.k3s.iter().flat_map(|m| m.keys()) {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
@@ -382,11 +119,11 @@ impl Config {
     /// fail over regrade's own settings: every section that parses and validates is
     /// taken (`[systemd]`, `[levels]` are what they use), defaults for the rest, and
     /// each problem is handed to `warn`.
-    pub fn load_for_hook(path: &Path, explicit: bool, mut warn: impl FnMut(String)) -> Config {
+    pub fn load_for_hook(path: &Path, if_missing: IfMissing, mut warn: impl FnMut(String)) -> Config {
         let mut cfg = Config::default();
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return cfg,
+        let text = match read_text(path, if_missing) {
+            Ok(Some(t)) => t,
+            Ok(None) => return cfg,
             Err(e) => {
                 warn(format!("reading {}: {e}; using the built-in settings", path.display()));
                 return cfg;
@@ -401,7 +138,7 @@ impl Config {
         };
         let section = |name: &str| table.get(name).cloned().map(|v| (name.to_string(), v));
         if let Some((name, v)) = section("systemd") {
-            match v.try_into::<crate::actuator::systemd::SystemdConfig>() {
+            match v.try_into::<SystemdConfig>() {
                 Ok(s) if s.validate().is_ok() => cfg.systemd = s,
                 Ok(s) => {
                     warn(format!("in {}: {:#}; using the built-in [{name}]", path.display(), s.validate().unwrap_err()))
@@ -418,21 +155,50 @@ impl Config {
         cfg
     }
 
-    pub fn calm_threshold(&self) -> f64 {
-        self.pressure.calm_threshold.unwrap_or(self.pressure.threshold)
+    /// The `[levels]` of the file, for the k3s container's entrypoint: only that section
+    /// is its business, so the rest is not checked (a `[docker]` section is unknown to
+    /// a build without the Docker actuator, and must not keep k3s from starting).
+    pub fn load_levels(path: &Path, if_missing: IfMissing) -> anyhow::Result<LevelsConfig> {
+        let Some(text) =
+            read_text(path, if_missing).with_context(|| format!("reading the configuration {}", path.display()))?
+        else {
+            return Ok(LevelsConfig::default());
+        };
+        let table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        match table.get("levels") {
+            None => Ok(LevelsConfig::default()),
+            Some(v) => v.clone().try_into().with_context(|| format!("in {}: [levels]", path.display())),
+        }
     }
-}
 
-fn check_percent(key: &str, v: f64) -> anyhow::Result<()> {
-    if !(0.0..=100.0).contains(&v) || v.is_nan() {
-        bail!("{key} = {v} is out of range: PSI is a percentage from 0 to 100");
+    pub fn calm_threshold(&self) -> f64 {
+        self.pressure.calm_threshold()
     }
-    Ok(())
+
+    /// The settings the core decides by: `[pressure]` and `step_up`.
+    pub fn core_settings(&self) -> Settings {
+        let p = &self.pressure;
+        Settings {
+            metric: p.metric,
+            threshold: p.threshold,
+            calm_threshold: p.calm_threshold(),
+            mem_available_floor: p.mem_available_floor.map(|b| b.0),
+            sustain: p.sustain.0,
+            cooldown: p.cooldown.0,
+            step_up: self.step_up,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actuator::entrypoint::flag_args;
+    use crate::level::Level;
+    use crate::levels::TaintEffect;
+    use crate::sample::Metric;
+    use crate::units::ByteSize;
+    use std::time::Duration;
 
     fn err(text: &str) -> String {
         format!("{:#}", Config::parse(text).unwrap_err())
@@ -521,8 +287,8 @@ mod tests {
     #[test]
     fn missing_explicit_file_is_an_error_missing_default_is_defaults() {
         let p = Path::new("/nonexistent/regrade.toml");
-        assert!(Config::load(p, false).is_ok());
-        let e = format!("{:#}", Config::load(p, true).unwrap_err());
+        assert!(Config::load(p, IfMissing::Defaults).is_ok());
+        let e = format!("{:#}", Config::load(p, IfMissing::Error).unwrap_err());
         assert!(e.contains("/nonexistent/regrade.toml"), "{e}");
     }
 
@@ -550,5 +316,22 @@ mod tests {
         let c = Config::parse("[levels.etcd-only.k3s]\ndisable-agent = true\ndisable-apiserver = true\n").unwrap();
         assert!(!c.levels.runs_agent(Level::EtcdOnly));
         assert!(c.levels.runs_agent(Level::ControlPlane));
+    }
+
+    #[test]
+    fn only_the_levels_section_matters() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regrade.toml");
+        std::fs::write(&p, "[docker]\nwhatever = 1\n[levels.etcd-only.k3s]\ndisable-apiserver = true\n").unwrap();
+        let levels = Config::load_levels(&p, IfMissing::Error).unwrap();
+        assert_eq!(flag_args(&levels.k3s_flags(Level::EtcdOnly)), ["--disable-apiserver"]);
+        std::fs::write(&p, "[levels.etcd-only]\nk3s = 3\n").unwrap();
+        let e = format!("{:#}", Config::load_levels(&p, IfMissing::Error).unwrap_err());
+        assert!(e.contains(&p.display().to_string()) && e.contains("[levels]"), "{e}");
+        assert_eq!(
+            Config::load_levels(&dir.path().join("absent.toml"), IfMissing::Defaults).unwrap(),
+            LevelsConfig::default()
+        );
+        assert!(Config::load_levels(&dir.path().join("absent.toml"), IfMissing::Error).is_err());
     }
 }

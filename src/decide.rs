@@ -1,4 +1,6 @@
-//! The decision core (SPEC §3). Pure: time is an input, nothing here does I/O.
+//! The decision core (docs/behaviour.md, "Decision rules"). Pure: time is an input,
+//! nothing here does I/O, and it imports only value modules (`level`, `sample`): the
+//! import graph test (tests/import_graph.rs) fails otherwise.
 //!
 //! Each sample is classified as over, calm or neither; streaks start and end with it;
 //! a step is proposed when a streak has lasted `sustain` and `cooldown` has passed
@@ -8,11 +10,21 @@
 
 use std::time::Duration;
 
-use crate::config::{Config, Metric, StepUp};
-use crate::level::Level;
-use crate::pressure::Sample;
+use serde::{Deserialize, Serialize};
 
-/// The settings the core decides by, taken from `[pressure]` and `step_up`.
+use crate::level::Level;
+use crate::sample::{Metric, Sample};
+
+/// `step_up`: whether the core steps up by itself once memory has been calm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepUp {
+    Automatic,
+    Manual,
+}
+
+/// The settings the core decides by, taken from `[pressure]` and `step_up`
+/// (`Config::core_settings`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub metric: Metric,
@@ -26,19 +38,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn from_config(c: &Config) -> Settings {
-        Settings {
-            metric: c.pressure.metric,
-            threshold: c.pressure.threshold,
-            calm_threshold: c.calm_threshold(),
-            mem_available_floor: c.pressure.mem_available_floor.map(|b| b.0),
-            sustain: c.pressure.sustain.0,
-            cooldown: c.pressure.cooldown.0,
-            step_up: c.step_up,
-        }
-    }
-
-    /// Over, calm or neither (SPEC §3 definitions).
+    /// Over, calm or neither (docs/behaviour.md, "Decision rules").
     pub fn classify(&self, s: &Sample) -> Reading {
         let p = s.metric(self.metric);
         let (low, high) = match self.mem_available_floor {
@@ -55,7 +55,7 @@ impl Settings {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reading {
     Over,
@@ -63,7 +63,18 @@ pub enum Reading {
     Neither,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+impl Reading {
+    /// The README's word for it (as serialised), for logs and `status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reading::Over => "over",
+            Reading::Calm => "calm",
+            Reading::Neither => "neither",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Down,
@@ -113,7 +124,7 @@ impl State {
     }
 
     /// Takes one sample's reading at time `t`: updates the streaks and proposes the
-    /// step to attempt now, if any (SPEC §3 steps 1–4).
+    /// step to attempt now, if any (docs/behaviour.md, "Decision rules").
     pub fn observe(&mut self, settings: &Settings, levels: &[Level], t: Duration, reading: Reading) -> Option<Step> {
         match reading {
             Reading::Over => {
@@ -145,8 +156,9 @@ impl State {
         None
     }
 
-    /// A step ran at `t` (succeeded or failed) and left k3s at `level` (SPEC §3 step 5):
-    /// the cooldown starts and every further step needs a fresh streak.
+    /// A step ran at `t` (succeeded or failed) and left k3s at `level`: the cooldown
+    /// starts and every further step needs a fresh streak (docs/behaviour.md,
+    /// "Decision rules").
     pub fn step_ran(&mut self, t: Duration, level: Level) {
         self.level = level;
         self.last_step = Some(t);

@@ -2,7 +2,7 @@
 //! a restarted regrade) sees either the old file or the new one whole, even across a
 //! crash or power loss: write a temporary file in the same directory, fsync it,
 //! rename it over the target, fsync the directory (the rename itself is only durable
-//! once the directory is).
+//! once the directory is). And reading a file that may be absent.
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -41,6 +41,25 @@ pub fn remove_durable(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Ok(()) => sync_dir(parent(path)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The file's bytes, or `None` when there is no file. Every other error is an error:
+/// an unreadable file is not an absent one.
+pub fn read_if_exists(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    absent_is_none(fs::read(path))
+}
+
+/// [`read_if_exists`] for a text file.
+pub fn read_string_if_exists(path: &Path) -> io::Result<Option<String>> {
+    absent_is_none(fs::read_to_string(path))
+}
+
+fn absent_is_none<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -123,6 +142,18 @@ mod tests {
         assert!(write_atomic(&d, b"new", 0o644).is_err());
         assert_eq!(fs::read(&p).unwrap(), b"old");
         assert_eq!(names(dir.path()), ["d", "f"]);
+    }
+
+    #[test]
+    fn absent_is_none_but_unreadable_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        assert_eq!(read_if_exists(&p).unwrap(), None);
+        assert_eq!(read_string_if_exists(&p).unwrap(), None);
+        write_atomic(&p, b"x", 0o644).unwrap();
+        assert_eq!(read_if_exists(&p).unwrap().as_deref(), Some(&b"x"[..]));
+        assert_eq!(read_string_if_exists(&p).unwrap().as_deref(), Some("x"));
+        assert!(read_if_exists(dir.path()).is_err(), "a directory is not an absent file");
     }
 
     #[test]

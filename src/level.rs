@@ -1,10 +1,12 @@
-//! The levels a server can run at (SPEC §2), ordered from most to least function.
+//! The levels a server can run at (docs/behaviour.md, "Levels"), ordered from most to
+//! least function. A value module: no I/O, no other regrade module.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// A level of function. `Ord` follows the table in SPEC §2: `Full` is the highest,
-/// so "stepping down" moves towards `EtcdOnly`.
+/// A level of function. `Ord` follows the table in docs/behaviour.md ("Levels"): `Full`
+/// is the highest (`Full > ControlPlane > EtcdOnly`), so "stepping down" moves towards
+/// `EtcdOnly`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Level {
@@ -14,6 +16,7 @@ pub enum Level {
 }
 
 impl Level {
+    /// Highest first.
     pub const ALL: [Level; 3] = [Level::Full, Level::ControlPlane, Level::EtcdOnly];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +46,29 @@ impl Level {
     }
 }
 
+impl Level {
+    /// How much of k3s runs: more is higher.
+    fn function(self) -> u8 {
+        match self {
+            Level::Full => 2,
+            Level::ControlPlane => 1,
+            Level::EtcdOnly => 0,
+        }
+    }
+}
+
+impl Ord for Level {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.function().cmp(&other.function())
+    }
+}
+
+impl PartialOrd for Level {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl fmt::Display for Level {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -69,6 +95,14 @@ mod tests {
             assert_eq!(l.as_str().parse::<Level>().unwrap(), l);
         }
         assert!("etcd".parse::<Level>().is_err());
+    }
+
+    #[test]
+    fn ord_follows_the_table_full_highest() {
+        assert!(Level::Full > Level::ControlPlane && Level::ControlPlane > Level::EtcdOnly);
+        let mut sorted = Level::ALL;
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(sorted, Level::ALL, "ALL is highest first");
     }
 
     #[test]

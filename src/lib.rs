@@ -1,23 +1,44 @@
 //! regrade: steps a k3s server down under memory pressure without losing its etcd
-//! vote, one server at a time. See ARCHITECTURE.md for the map.
+//! vote, one server at a time. See ARCHITECTURE.md for the map and docs/behaviour.md
+//! for what it does.
 //!
 //! A library as well as the binary, so integration tests under `tests/` can drive the
 //! cluster and actuator modules against real components.
 
-pub mod actuator;
-pub mod backend;
-pub mod cli;
-pub mod cluster;
-pub mod config;
-pub mod decide;
-pub mod fsutil;
+// Value modules: plain data and pure functions, no I/O, importing only each other.
 pub mod level;
-pub mod logging;
+pub mod levels;
+pub mod sample;
+pub mod units;
+
+// The core: pure, imports only value modules (tests/import_graph.rs).
+pub mod decide;
+
+// The edges, each owning its configuration section.
+pub mod actuator;
+pub mod cluster;
+pub mod fsutil;
+pub mod hold;
+pub mod metrics;
 pub mod notify;
 pub mod pressure;
-pub mod simulate;
 pub mod statefile;
+
+// Running steps, and the commands.
+pub mod hand;
+pub mod logging;
+pub mod runtime;
+pub mod simulate;
 pub mod status;
 pub mod step;
-pub mod units;
 pub mod watch;
+
+// The composition: the file and the wiring, which see every section.
+pub mod backend;
+pub mod config;
+
+// The command line, which nothing in the library imports.
+pub mod cli;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use regrade::cli::{Cli, Command};
-use regrade::{config, logging, simulate, status, watch};
+use regrade::config::{Config, IfMissing};
+use regrade::{hand, logging, simulate, status, watch};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -20,19 +21,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let explicit = cli.config.as_os_str() != config::DEFAULT_PATH;
+    let if_missing = IfMissing::for_path(&cli.config);
     if let Command::Entrypoint { command } = &cli.command {
         // k3s must start even when regrade's configuration is broken: the entrypoint
         // reads only its [levels], leniently.
-        return regrade::actuator::entrypoint::run(&cli.config, explicit, command);
+        return regrade::actuator::entrypoint::run(Config::load_levels(&cli.config, if_missing), command);
     }
     if let Command::RecordStart = &cli.command {
         // The hook must record something even when regrade's configuration is broken:
         // a stale record would misreport the level k3s runs at.
-        let cfg = config::Config::load_for_hook(&cli.config, explicit, |w| eprintln!("regrade record-start: {w}"));
-        return regrade::actuator::systemd::record_start(&cfg);
+        let cfg = Config::load_for_hook(&cli.config, if_missing, |w| eprintln!("regrade record-start: {w}"));
+        return regrade::actuator::systemd::record_start(&cfg.systemd, &cfg.levels);
     }
-    let cfg = config::Config::load(&cli.config, explicit)?;
+    let cfg = Config::load(&cli.config, if_missing)?;
     match cli.command {
         Command::CheckConfig => {
             print!("{}", toml::to_string_pretty(&cfg)?);
@@ -42,8 +43,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Simulate { trace, level } => simulate::run(&cfg, &trace, level),
         Command::Record { count, interval } => simulate::record(&cfg, count, interval.as_deref()),
         Command::Status { json } => status::run(&cfg, json),
-        Command::Watch { dry_run } => watch::run(&cfg, dry_run),
-        Command::Step { target } => watch::step_by_hand(&cfg, target),
+        Command::Watch { dry_run } => watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act }),
+        Command::Step { target } => hand::step_by_hand(&cfg, target),
         Command::RecordStart | Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
     }
 }

@@ -1,4 +1,5 @@
-//! Reading memory pressure (SPEC §3): the PSI file and MemAvailable.
+//! Reading memory pressure: the PSI file and MemAvailable (docs/behaviour.md,
+//! "Pressure"), and `[pressure]`, the section that configures it and the core.
 //!
 //! Both files stay open for the life of the sampler and are re-read with `pread` into
 //! fixed buffers, so a sample opens nothing and allocates nothing: on a host that is
@@ -8,44 +9,125 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::config::Metric;
+use anyhow::bail;
+use serde::{de, Deserialize, Deserializer, Serialize};
 
-/// The six PSI averages, in percent.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Psi {
-    /// avg10, avg60, avg300 of the `some` line.
-    pub some: [f64; 3],
-    /// avg10, avg60, avg300 of the `full` line.
-    pub full: [f64; 3],
+use crate::sample::{Metric, Psi, Sample};
+use crate::units::{format_duration, ByteSize, HumanDuration};
+
+/// `mem_available_floor`: a size, or `"none"` to decide on PSI alone (TOML has no null).
+fn floor_de<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ByteSize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Floor {
+        None(NoneWord),
+        Size(ByteSize),
+    }
+    #[derive(Deserialize)]
+    enum NoneWord {
+        #[serde(rename = "none")]
+        None,
+    }
+    // Untagged enums hide the inner error, so say what is accepted.
+    match Floor::deserialize(d).map_err(|_| {
+        de::Error::custom("expected a size such as \"512MiB\" or a number of bytes (0 or more), or \"none\"")
+    })? {
+        Floor::None(_) => Ok(None),
+        Floor::Size(b) => Ok(Some(b)),
+    }
 }
 
-/// One reading of both files.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Sample {
-    pub psi: Psi,
-    /// MemAvailable, in bytes.
-    pub mem_available: u64,
+fn floor_ser<S: serde::Serializer>(v: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(b) => s.serialize_u64(b.0),
+        None => s.serialize_str("none"),
+    }
 }
 
-impl Sample {
-    pub fn metric(&self, m: Metric) -> f64 {
-        match m {
-            Metric::SomeAvg10 => self.psi.some[0],
-            Metric::SomeAvg60 => self.psi.some[1],
-            Metric::SomeAvg300 => self.psi.some[2],
-            Metric::FullAvg10 => self.psi.full[0],
-            Metric::FullAvg60 => self.psi.full[1],
-            Metric::FullAvg300 => self.psi.full[2],
+/// `[pressure]`: its keys are a contract (README, "Configuration").
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PressureConfig {
+    pub metric: Metric,
+    /// Percent (0–100) of the chosen PSI average at or above which a sample may be "over".
+    pub threshold: f64,
+    /// Percent below which a sample may be "calm"; defaults to `threshold`.
+    pub calm_threshold: Option<f64>,
+    /// "Over" also needs MemAvailable below this, "calm" at or above it. `"none"`:
+    /// PSI alone decides.
+    #[serde(deserialize_with = "floor_de", serialize_with = "floor_ser")]
+    pub mem_available_floor: Option<ByteSize>,
+    pub sample_period: HumanDuration,
+    pub sustain: HumanDuration,
+    pub cooldown: HumanDuration,
+    /// The PSI file, `/proc/pressure/memory` format.
+    pub source: PathBuf,
+    /// The meminfo file, `/proc/meminfo` format.
+    pub meminfo: PathBuf,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        PressureConfig {
+            metric: Metric::SomeAvg10,
+            threshold: 40.0,
+            calm_threshold: None,
+            mem_available_floor: Some(ByteSize(512 << 20)),
+            sample_period: HumanDuration(Duration::from_secs(5)),
+            sustain: HumanDuration(Duration::from_secs(60)),
+            cooldown: HumanDuration(Duration::from_secs(300)),
+            source: PathBuf::from("/proc/pressure/memory"),
+            meminfo: PathBuf::from("/proc/meminfo"),
         }
     }
+}
+
+impl PressureConfig {
+    /// The calm threshold in force: `calm_threshold`, or `threshold` when unset.
+    pub fn calm_threshold(&self) -> f64 {
+        self.calm_threshold.unwrap_or(self.threshold)
+    }
+
+    /// Rejects values no server could run with, naming the key as `pressure.key`.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        check_percent("pressure.threshold", self.threshold)?;
+        if let Some(c) = self.calm_threshold {
+            check_percent("pressure.calm_threshold", c)?;
+            if c > self.threshold {
+                bail!(
+                    "pressure.calm_threshold = {c} is above pressure.threshold = {}: a sample could be over and calm at once",
+                    self.threshold
+                );
+            }
+        }
+        if self.sample_period.0.is_zero() {
+            bail!("pressure.sample_period must be more than 0");
+        }
+        if self.sustain.0 < self.sample_period.0 {
+            bail!(
+                "pressure.sustain = {} is shorter than pressure.sample_period = {}: a streak could never be observed",
+                format_duration(self.sustain.0),
+                format_duration(self.sample_period.0)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn check_percent(key: &str, v: f64) -> anyhow::Result<()> {
+    if !(0.0..=100.0).contains(&v) || v.is_nan() {
+        bail!("{key} = {v} is out of range: PSI is a percentage from 0 to 100");
+    }
+    Ok(())
 }
 
 /// Why a sample could not be taken.
 #[derive(Debug)]
 pub enum SampleError {
     /// The kernel has no PSI: the file is missing or reads fail with EOPNOTSUPP. Fatal
-    /// for `watch` and `status` (SPEC §3).
+    /// for `watch` and `status` (docs/behaviour.md, "Pressure").
     PsiUnavailable {
         path: PathBuf,
         cause: io::Error,

@@ -1,5 +1,6 @@
 //! `simulate` replays a trace through the decision core; `record` writes such a trace
-//! from the live files (SPEC §6). The CSV columns and the JSON lines are a contract.
+//! from the live files (README, "Commands"; docs/behaviour.md, "Decision rules"). The
+//! CSV columns and the JSON lines are a contract.
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -8,13 +9,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::config::{Config, Metric};
-use crate::decide::{Settings, State};
+use crate::config::Config;
+use crate::decide::State;
 use crate::level::Level;
-use crate::pressure::{Psi, Sample, Sampler};
+use crate::pressure::Sampler;
+use crate::sample::{Metric, Psi, Sample};
 
-pub const COLUMNS: [&str; 8] =
-    ["t", "some_avg10", "some_avg60", "some_avg300", "full_avg10", "full_avg60", "full_avg300", "mem_available_kb"];
+/// `t`, the six averages in [`Metric::ALL`]'s order, `mem_available_kb`.
+pub const COLUMNS: [&str; 8] = {
+    let mut c = [""; 8];
+    c[0] = "t";
+    let mut i = 0;
+    while i < Metric::ALL.len() {
+        c[i + 1] = Metric::ALL[i].as_str();
+        i += 1;
+    }
+    c[7] = "mem_available_kb";
+    c
+};
 
 /// One line of `simulate`'s output.
 #[derive(Debug, PartialEq, serde::Serialize)]
@@ -45,7 +57,7 @@ pub fn replay(
     level: Level,
     mut emit: impl FnMut(StepLine) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let settings = Settings::from_config(cfg);
+    let settings = cfg.core_settings();
     let levels = &Level::ALL[..];
     let mut state = State::new(level);
     let mut lines = trace.lines().enumerate();
@@ -102,15 +114,7 @@ pub fn replay(
         let mut sample = Sample { psi: Psi::default(), mem_available: u64::MAX };
         for m in Metric::ALL {
             if let Some(c) = col(m.as_str()) {
-                let v = num(c)?;
-                match m {
-                    Metric::SomeAvg10 => sample.psi.some[0] = v,
-                    Metric::SomeAvg60 => sample.psi.some[1] = v,
-                    Metric::SomeAvg300 => sample.psi.some[2] = v,
-                    Metric::FullAvg10 => sample.psi.full[0] = v,
-                    Metric::FullAvg60 => sample.psi.full[1] = v,
-                    Metric::FullAvg300 => sample.psi.full[2] = v,
-                }
+                sample.psi.set(m, num(c)?);
             }
         }
         if let Some(c) = mem_col {
@@ -149,6 +153,7 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
     let mut out = out.lock();
     writeln!(out, "{}", COLUMNS.join(","))?;
     out.flush()?;
+    // `record` runs no async runtime: std's clock and a blocking sleep serve it.
     let start = Instant::now();
     let mut n = 0u64;
     while count.is_none_or(|c| n < c) {
@@ -158,8 +163,11 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
         }
         let s = sampler.sample()?;
         let t = start.elapsed().as_secs_f64();
-        let (p, f) = (s.psi.some, s.psi.full);
-        writeln!(out, "{t:.3},{},{},{},{},{},{},{}", p[0], p[1], p[2], f[0], f[1], f[2], s.mem_available / 1024)?;
+        write!(out, "{t:.3}")?;
+        for m in Metric::ALL {
+            write!(out, ",{}", s.psi.get(m))?;
+        }
+        writeln!(out, ",{}", s.mem_available / 1024)?;
         out.flush()?;
         n += 1;
     }
@@ -232,6 +240,23 @@ mod tests {
         assert!(e("t,some_avg10,mem_available_kb\n10,1,1\n5,1,1\n").contains("back in time"));
         assert!(e("t,some_avg10,mem_available_kb\n10,1\n").contains("line 2"));
         assert!(e("t,some_avg10,mem_available_kb\n10,-1,1\n").contains("0 or more"));
+    }
+
+    #[test]
+    fn the_columns_are_the_contract() {
+        assert_eq!(
+            COLUMNS,
+            [
+                "t",
+                "some_avg10",
+                "some_avg60",
+                "some_avg300",
+                "full_avg10",
+                "full_avg60",
+                "full_avg300",
+                "mem_available_kb"
+            ]
+        );
     }
 
     #[test]

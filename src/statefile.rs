@@ -19,6 +19,10 @@ pub struct Published {
     pub calm_since: Option<f64>,
     pub last_step: Option<LastStep>,
     pub refusal: Option<PublishedRefusal>,
+    /// The level a step is starting towards, published before the switch hold is read
+    /// (`crate::hold`): the NixOS switch-time check reads it after writing its hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stepping: Option<Level>,
     pub dry_run: bool,
 }
 
@@ -92,6 +96,15 @@ impl Published {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nixos/pre-switch-check.sh matches `"stepping": "<level>"` in this file.
+    #[test]
+    fn a_step_under_way_is_published_as_the_switch_check_reads_it() {
+        let p = Published { stepping: Some(Level::ControlPlane), ..Default::default() };
+        let json = String::from_utf8(serde_json::to_vec_pretty(&p).unwrap()).unwrap();
+        assert!(json.contains("\"stepping\": \"control-plane\""), "{json}");
+        assert!(!serde_json::to_string(&Published::default()).unwrap().contains("stepping"));
+    }
 
     #[test]
     fn round_trips_and_ignores_dead_writers() {

@@ -8,9 +8,11 @@ use serde::Serialize;
 
 use crate::backend;
 use crate::config::Config;
-use crate::decide::{Reading, Settings};
+use crate::decide::{Reading, Step, StepUp};
 use crate::level::Level;
-use crate::pressure::{Psi, Sampler};
+use crate::pressure::Sampler;
+use crate::runtime::runtime;
+use crate::sample::Psi;
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 
 #[derive(Debug, Serialize)]
@@ -23,8 +25,9 @@ pub struct Status {
     pub mem_available: u64,
     pub mem_available_floor: Option<u64>,
     pub reading: Reading,
-    pub psi: PsiJson,
-    pub step_up: crate::config::StepUp,
+    /// The six averages by name (`some_avg10` ... `full_avg300`).
+    pub psi: Psi,
+    pub step_up: StepUp,
     /// Whether a `watch` is running and has published its state.
     pub watch_running: bool,
     pub over_since: Option<f64>,
@@ -40,29 +43,6 @@ pub struct Status {
 }
 
 #[derive(Debug, Serialize)]
-pub struct PsiJson {
-    pub some_avg10: f64,
-    pub some_avg60: f64,
-    pub some_avg300: f64,
-    pub full_avg10: f64,
-    pub full_avg60: f64,
-    pub full_avg300: f64,
-}
-
-impl From<Psi> for PsiJson {
-    fn from(p: Psi) -> Self {
-        PsiJson {
-            some_avg10: p.some[0],
-            some_avg60: p.some[1],
-            some_avg300: p.some[2],
-            full_avg10: p.full[0],
-            full_avg60: p.full[1],
-            full_avg300: p.full[2],
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
 pub struct NextStep {
     pub action: &'static str,
     pub to: Level,
@@ -73,9 +53,9 @@ pub struct NextStep {
 
 pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.sample()?;
-    let settings = Settings::from_config(cfg);
+    let settings = cfg.core_settings();
     let published = Published::read_live(&cfg.state_file);
-    let status = crate::watch::runtime()?.block_on(async {
+    let status = runtime()?.block_on(async {
         let (level, disagreement) = match backend::actuator(cfg) {
             Ok(a) => (a.current_level().await, a.disagreement().await),
             Err(e) => (Err(e), None),
@@ -104,7 +84,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             mem_available: sample.mem_available,
             mem_available_floor: settings.mem_available_floor,
             reading: settings.classify(&sample),
-            psi: sample.psi.into(),
+            psi: sample.psi,
             step_up: settings.step_up,
             watch_running: published.is_some(),
             over_since: published.as_ref().and_then(|p| p.over_since),
@@ -125,10 +105,18 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// Asks the cluster, read only, what would refuse `step`. Unreachable: says so.
-async fn preflight(cfg: &Config, step: &crate::decide::Step) -> Option<String> {
-    match crate::cluster::connect(cfg).await {
+async fn preflight(cfg: &Config, step: &Step) -> Option<String> {
+    match backend::cluster(cfg).await {
         Ok(c) => c.preflight(step).await.err().map(|r| r.to_string()),
         Err(e) => Some(format!("cluster not reachable: {e:#}")),
+    }
+}
+
+/// The README's word (as in `--json`), never Rust's Debug name.
+fn step_up_word(s: StepUp) -> &'static str {
+    match s {
+        StepUp::Automatic => "automatic",
+        StepUp::Manual => "manual",
     }
 }
 
@@ -145,8 +133,8 @@ pub fn render(s: &Status, now: f64) -> String {
         s.metric, s.pressure, s.threshold, s.calm_threshold
     );
     o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
-    o += &format!("this sample:    {:?}\n", s.reading);
-    o += &format!("step up:        {:?}\n", s.step_up);
+    o += &format!("this sample:    {}\n", s.reading.as_str());
+    o += &format!("step up:        {}\n", step_up_word(s.step_up));
     if !s.watch_running {
         o += "watch:          not running (no streaks to show)\n";
     } else {

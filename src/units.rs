@@ -1,7 +1,13 @@
 //! Human-friendly durations (`"30s"`, `"5m"`) and byte sizes (`"512MiB"`) for the
 //! configuration file. Plain integers are accepted too: seconds, and bytes.
+//!
+//! A value module: it reads nothing and imports nothing of regrade, so every section
+//! of the configuration (each owned by the module it configures) can use it.
 
+use std::fmt;
 use std::time::Duration;
+
+use serde::{de, Deserialize, Deserializer, Serialize};
 
 /// Parses `"250ms"`, `"30s"`, `"5m"`, `"1h"`, or a combination like `"1m30s"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -75,6 +81,73 @@ pub fn format_duration(d: Duration) -> String {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
+    }
+}
+
+/// A duration written `"30s"`, `"5m"`, `"250ms"` (or a whole number of seconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Written {
+            expecting: "a duration such as \"30s\", \"5m\" or \"250ms\"",
+            what: "a duration",
+            parse: |s| parse_duration(s).map(HumanDuration),
+            whole: |n| HumanDuration(Duration::from_secs(n)),
+        })
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(self.0))
+    }
+}
+
+/// A byte size written `"512MiB"`, `"2GiB"` (or a whole number of bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Written {
+            expecting: "a size such as \"512MiB\" or \"2GiB\", or a number of bytes",
+            what: "a size",
+            parse: |s| parse_bytes(s).map(ByteSize),
+            whole: ByteSize,
+        })
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+/// Reads a value the configuration writes as a string (`parse`) or a whole number
+/// (`whole`: seconds, bytes), refusing a negative number.
+struct Written<T> {
+    expecting: &'static str,
+    /// "a duration", "a size": for the error on a negative number.
+    what: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+    whole: fn(u64) -> T,
+}
+
+impl<T> de::Visitor<'_> for Written<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<T, E> {
+        (self.parse)(s).map_err(E::custom)
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<T, E> {
+        u64::try_from(n)
+            .map(self.whole)
+            .map_err(|_| E::custom(format!("{n} is negative; {} must be 0 or more", self.what)))
     }
 }
 

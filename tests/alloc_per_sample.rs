@@ -1,16 +1,20 @@
 //! `watch` allocates nothing per sample (issue 2): on a thrashing host the watcher must
 //! not need memory to notice it. A counting global allocator checks the steady state of
 //! the per-sample work (`Ticker::tick`: pread both files, parse, classify, update the
-//! core, STATUS and WATCHDOG to systemd).
+//! core, STATUS and WATCHDOG to systemd, the metrics registry), with the metrics
+//! listener serving scrapes meanwhile, as `watch` does with `[metrics] listen` set.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use regrade::config::Config;
 use regrade::level::Level;
 use regrade::pressure::Sampler;
-use regrade::watch::Ticker;
+use regrade::watch::{Mode, Ticker};
 
 struct Counting;
 
@@ -62,8 +66,35 @@ fn a_calm_sample_allocates_nothing() {
         std::env::set_var("NOTIFY_SOCKET", &sock_path);
         std::env::set_var("WATCHDOG_USEC", "20000000");
     }
+    // The metrics listener on its own thread, as a scraper sees it. Allocations are
+    // counted per thread: what serving costs is not the sample loop's.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let listener = regrade::metrics::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            regrade::metrics::serve(listener, &regrade::metrics::METRICS, Duration::from_secs(60)).await;
+        });
+    });
+    let addr = rx.recv().unwrap();
+    let (stop, scrapes, last) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(String::new())));
+    let scraper = {
+        let (stop, scrapes, last) = (stop.clone(), scrapes.clone(), last.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                let mut text = String::new();
+                s.read_to_string(&mut text).unwrap();
+                *last.lock().unwrap() = text;
+                scrapes.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo).unwrap();
-    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, false);
+    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
     // Warm up: the first samples start the calm streak and publish the state file.
     for i in 0..3 {
         assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
@@ -73,6 +104,16 @@ fn a_calm_sample_allocates_nothing() {
         assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
     }
     let per_1000 = allocs() - before;
+    // Make sure a scrape overlapped the loop and saw what it stored.
+    while scrapes.load(Ordering::Relaxed) < 2 {
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    scraper.join().unwrap();
+    let text = last.lock().unwrap().clone();
+    assert!(text.contains("\nregrade_pressure_ratio{metric=\"some_avg10\"} 0.01\n"), "{text}");
+    assert!(text.contains("\nregrade_level{level=\"full\"} 1\n"), "{text}");
+    assert!(text.contains("\nregrade_reading{reading=\"calm\"} 1\n"), "{text}");
     assert!(state.exists(), "the state file was never published");
     let mut buf = [0u8; 512];
     let n = sock.recv(&mut buf).unwrap();

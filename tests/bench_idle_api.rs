@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use regrade::cluster::{Cluster, KubeCluster};
+use regrade::cluster::Cluster;
 use regrade::decide::{Direction, Step};
 use regrade::level::Level;
 use tokio::net::{TcpListener, TcpStream};
@@ -134,7 +134,8 @@ record = "{record}"
                 log
             })
         };
-        // Start-up may read the Node once (its level label, SPEC §2 after a reboot);
+        // Start-up may read the Node once (its level label after a reboot,
+        // docs/behaviour.md "Coordination");
         // what counts is what a calm watch does afterwards, sample after sample.
         let t0 = Instant::now();
         while seen.load(Ordering::SeqCst) < 1 {
@@ -168,7 +169,7 @@ record = "{record}"
         // Positive control: one preflight through the same proxy is seen.
         let mut cfg = h.config(&kubeconfig, "idle-1", "idle");
         cfg.cluster.endpoints_cache = tmp.path().join("endpoints-control");
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         c.preflight(&Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane }).await.unwrap();
         let control = counts.connections.load(Ordering::SeqCst) - start_conns - conns;
 

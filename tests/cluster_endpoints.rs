@@ -1,5 +1,5 @@
-//! Where calls go (SPEC §4), against a real kube-apiserver: past a refused local port
-//! and a server answering 503 "apiserver disabled" (as k3s does at etcd-only) to the
+//! Where calls go (docs/behaviour.md, "Coordination"), against a real kube-apiserver:
+//! past a refused local port and a server answering 503 "apiserver disabled" (as k3s does at etcd-only) to the
 //! real API server reached at an address its certificate does not name; discovery from
 //! the `default/kubernetes` EndpointSlice and its cache. Gated by REGRADE_TEST_KUBE=1.
 
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use regrade::cluster::{Cluster, KubeCluster};
+use regrade::cluster::Cluster;
 use regrade::decide::{Direction, Step};
 use regrade::level::Level;
 use rustls_pki_types::pem::PemObject;
@@ -114,7 +114,7 @@ fn calls_fail_over_past_a_refused_port_and_a_disabled_apiserver() {
 
         let mut cfg = h.config(&kc, "failover-1", "failover");
         cfg.cluster.api_servers = vec![disabled.clone(), real.clone()];
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         c.acquire(&DOWN).await.unwrap();
         assert!(hits.load(Ordering::SeqCst) >= 1, "the disabled API server was never asked");
         assert_eq!(c.endpoints.urls().await.unwrap(), [local.clone(), disabled.clone(), real.clone()]);
@@ -127,7 +127,7 @@ fn calls_fail_over_past_a_refused_port_and_a_disabled_apiserver() {
         // Control: without the TLS server name the real server's certificate does not
         // name 127.0.0.3, so nothing answers, and the refusal names every endpoint.
         cfg.cluster.tls_server_name = String::new();
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         let r = c.acquire(&DOWN).await.unwrap_err();
         assert_eq!(r.kind, "api-unreachable", "{r}");
         for ep in [&local, &disabled, &real] {
@@ -151,7 +151,7 @@ fn api_servers_are_discovered_cached_and_used_when_the_local_one_is_down() {
         let admin = h.admin().await;
         let cfg = h.config(&h.admin_kubeconfig, "disc-1", "disc");
         let cache = cfg.cluster.endpoints_cache.clone();
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         // No slice yet (as on a k3s whose API server has just started): nothing is
         // learnt, and discovery is tried again at the next call.
         c.preflight(&DOWN).await.unwrap();
@@ -180,7 +180,7 @@ fn api_servers_are_discovered_cached_and_used_when_the_local_one_is_down() {
         let local = format!("https://127.0.0.1:{}", refused_port().await);
         let mut cfg = h.config(&kubeconfig_at(&h, &local, "down.kubeconfig"), "disc-1", "disc");
         cfg.cluster.endpoints_cache = cache;
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         c.acquire(&DOWN).await.unwrap();
         c.release().await;
         assert_eq!(c.endpoints.urls().await.unwrap(), [local, real]);

@@ -1,6 +1,6 @@
-//! The step Lease against a real kube-apiserver (SPEC §4): contention, a held Lease
-//! refusing, takeover after expiry, release by a non-holder, renewal through a long
-//! step. Gated by REGRADE_TEST_KUBE=1.
+//! The step Lease against a real kube-apiserver (docs/behaviour.md, "Coordination"):
+//! contention, a held Lease refusing, takeover after expiry, release by a non-holder,
+//! renewal through a long step. Gated by REGRADE_TEST_KUBE=1.
 
 mod common;
 
@@ -11,14 +11,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use regrade::cluster::lease::holder_of;
 use regrade::cluster::KubeCluster;
-use regrade::config::HumanDuration;
+use regrade::units::HumanDuration;
 
 use common::block_on;
 
 fn cluster(h: &common::Harness, node: &str, lease: &str, secs: u64) -> KubeCluster {
     let mut cfg = h.config(&h.admin_kubeconfig, node, lease);
     cfg.cluster.lease_duration = HumanDuration(Duration::from_secs(secs));
-    KubeCluster::new(&cfg).unwrap()
+    common::kube_cluster(&cfg).unwrap()
 }
 
 async fn get_lease(h: &common::Harness, name: &str) -> Lease {

@@ -1,4 +1,5 @@
-//! Node marking and the readiness wait against a real kube-apiserver (SPEC §2, §4).
+//! Node marking and the readiness wait against a real kube-apiserver (docs/behaviour.md,
+//! "Levels" and "Coordination").
 //! Gated by REGRADE_TEST_KUBE=1.
 
 mod common;
@@ -9,9 +10,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use regrade::actuator::NodeReadiness;
-use regrade::cluster::{Cluster, KubeCluster};
-use regrade::config::LevelsConfig;
+use regrade::cluster::Cluster;
 use regrade::level::Level;
+use regrade::levels::LevelsConfig;
 use serde_json::{json, Value};
 
 use common::{block_on, Kubelet};
@@ -54,7 +55,7 @@ fn a_step_down_and_up_leaves_the_operators_marks_byte_identical() {
 
         for (name, operator_cordon) in [("marks-1", false), ("marks-2", true)] {
             let before = nodes.get(name).await.unwrap();
-            let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, name, "marks")).unwrap();
+            let c = common::kube_cluster(&h.config(&h.admin_kubeconfig, name, "marks")).unwrap();
 
             c.mark_node(Level::ControlPlane, &levels).await.unwrap();
             let cp = nodes.get(name).await.unwrap();
@@ -96,7 +97,7 @@ fn concurrent_taint_edits_are_never_lost() {
         let admin = h.admin().await;
         let nodes: Api<Node> = Api::all(admin.clone());
         common::create_server_node(&admin, &Kubelet::ready("race-1")).await;
-        let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, "race-1", "race")).unwrap();
+        let c = common::kube_cluster(&h.config(&h.admin_kubeconfig, "race-1", "race")).unwrap();
         let levels = LevelsConfig::default();
         const N: usize = 30;
         let operator = async {
@@ -146,7 +147,7 @@ fn readiness_waits_for_a_heartbeat_newer_than_the_restart() {
     block_on(async {
         let admin = h.admin().await;
         common::create_server_node(&admin, &Kubelet::ready("ready-1")).await;
-        let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, "ready-1", "ready")).unwrap();
+        let c = common::kube_cluster(&h.config(&h.admin_kubeconfig, "ready-1", "ready")).unwrap();
         // Heartbeats are whole seconds in the Ready condition: let the restart be later.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let restart = SystemTime::now();
@@ -179,7 +180,7 @@ fn node_level_reads_the_level_label() {
         let admin = h.admin().await;
         let nodes: Api<Node> = Api::all(admin.clone());
         common::create_server_node(&admin, &Kubelet::ready("label-1")).await;
-        let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, "label-1", "label")).unwrap();
+        let c = common::kube_cluster(&h.config(&h.admin_kubeconfig, "label-1", "label")).unwrap();
         let levels = LevelsConfig::default();
         assert_eq!(c.node_level().await.unwrap(), None, "no label: full");
         for level in [Level::ControlPlane, Level::EtcdOnly] {
@@ -197,7 +198,7 @@ fn node_level_reads_the_level_label() {
         }
 
         // A Node that does not exist is an error that names it, not "no label".
-        let gone = KubeCluster::new(&h.config(&h.admin_kubeconfig, "no-such-node", "label")).unwrap();
+        let gone = common::kube_cluster(&h.config(&h.admin_kubeconfig, "no-such-node", "label")).unwrap();
         let e = format!("{:#}", gone.node_level().await.unwrap_err());
         assert!(e.contains("nodes/no-such-node") && e.contains("404"), "{e}");
     });

@@ -1,5 +1,5 @@
-//! The peer gate against a real kube-apiserver (SPEC §4). The test plays the kubelets
-//! of three k3s servers. Gated by REGRADE_TEST_KUBE=1.
+//! The peer gate against a real kube-apiserver (docs/behaviour.md, "Coordination").
+//! The test plays the kubelets of three k3s servers. Gated by REGRADE_TEST_KUBE=1.
 
 mod common;
 
@@ -9,7 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use regrade::cluster::lease::holder_of;
-use regrade::cluster::{Cluster, KubeCluster};
+use regrade::cluster::Cluster;
 use regrade::decide::{Direction, Step};
 use regrade::level::Level;
 use serde_json::json;
@@ -32,7 +32,7 @@ fn the_peer_gate_refuses_unfit_peers_and_allows_fresh_ones() {
         let agent: Node = serde_json::from_value(json!({"metadata": {"name": "agent-1"}})).unwrap();
         Api::<Node>::all(admin.clone()).create(&Default::default(), &agent).await.unwrap();
 
-        let c = KubeCluster::new(&h.config(&h.admin_kubeconfig, "peers-1", "peers")).unwrap();
+        let c = common::kube_cluster(&h.config(&h.admin_kubeconfig, "peers-1", "peers")).unwrap();
         let nodes: Api<Node> = Api::all(admin.clone());
         let lease_holder = || async {
             holder_of(&Api::<Lease>::namespaced(h.admin().await, "kube-system").get("peers").await.unwrap())

@@ -7,42 +7,22 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::ListParams;
 use kube::Api;
-use regrade::actuator::{Actuator, NodeReadiness};
-use regrade::cluster::{events, Cluster, KubeCluster, StepEvent};
-use regrade::config::{HumanDuration, LevelsConfig};
+use regrade::actuator::NodeReadiness;
+use regrade::cluster::{events, Cluster, StepEvent};
 use regrade::decide::{Direction, Step};
 use regrade::level::Level;
+use regrade::levels::LevelsConfig;
 use regrade::step::{self, Outcome};
+use regrade::testing::FakeActuator;
+use regrade::units::HumanDuration;
 use serde_json::json;
 
 use common::{block_on, Kubelet};
-
-/// Stands in for k3s (which cannot be had here): `control-plane` needs no restart, so
-/// applying it only takes time — longer than the Lease, so it must be renewed.
-struct K3sStandIn {
-    level: Level,
-}
-
-#[async_trait(?Send)]
-impl Actuator for K3sStandIn {
-    fn levels(&self) -> &[Level] {
-        &Level::ALL
-    }
-    async fn current_level(&self) -> anyhow::Result<Level> {
-        Ok(self.level)
-    }
-    async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
-        tokio::time::sleep(Duration::from_millis(4000)).await;
-        self.level = level;
-        Ok(())
-    }
-}
 
 #[test]
 fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
@@ -64,9 +44,12 @@ fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
 
         let mut cfg = h.config(&sa, "rbac-1", "regrade");
         cfg.cluster.lease_duration = HumanDuration(Duration::from_secs(3));
-        let c = KubeCluster::new(&cfg).unwrap();
+        let c = common::kube_cluster(&cfg).unwrap();
         let levels = LevelsConfig::default();
-        let mut k3s = K3sStandIn { level: Level::Full };
+        // Stands in for k3s (which cannot be had here): `control-plane` needs no
+        // restart, so applying it only takes time — longer than the Lease, so it must
+        // be renewed.
+        let mut k3s = FakeActuator::at(Level::Full).taking(Duration::from_millis(4000));
 
         // status' preflight, then the step down and back up: Lease create/get/update
         // (renewed during the 4 s apply), peer gate, Node patch, Events.
@@ -108,7 +91,7 @@ fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
         // Outside the RBAC: a Lease of another name. The error names verb and resource.
         let mut other = h.config(&sa, "rbac-1", "not-regrade");
         other.cluster.lease_duration = HumanDuration(Duration::from_secs(3));
-        let r = KubeCluster::new(&other).unwrap().acquire(&down).await.unwrap_err();
+        let r = common::kube_cluster(&other).unwrap().acquire(&down).await.unwrap_err();
         assert_eq!(r.kind, "api-error", "{r}");
         assert!(r.message.contains("get leases kube-system/not-regrade") && r.message.contains("403"), "{r}");
         assert!(r.message.contains("cannot get resource \"leases\""), "{r}");

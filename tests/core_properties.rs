@@ -1,13 +1,13 @@
-//! Property tests of the decision core (SPEC §3) over random traces and settings: the
-//! invariants that must hold whatever the pressure does.
+//! Property tests of the decision core (docs/behaviour.md, "Decision rules") over
+//! random traces and settings: the invariants that must hold whatever the pressure does.
 
 use std::time::Duration;
 
 use proptest::prelude::*;
-use regrade::config::{Metric, StepUp};
+use regrade::decide::StepUp;
 use regrade::decide::{Direction, Reading, Settings, State};
 use regrade::level::Level;
-use regrade::pressure::Sample;
+use regrade::sample::{Metric, Sample};
 
 fn settings() -> impl Strategy<Value = Settings> {
     (0.0f64..100.0, 0.0f64..1.0, proptest::option::of(0u64..4096), 1u64..120, 0u64..300, any::<bool>()).prop_map(

@@ -1,4 +1,4 @@
-//! The Docker actuator against a real Docker engine (SPEC §5, docker; issue 6).
+//! The Docker actuator against a real Docker engine (docs/behaviour.md, "Actuators"; issue 6).
 //!
 //! Gated by `REGRADE_TEST_DOCKER=1` (needs root). The first test runs
 //! `tests/docker/rig.sh up` (installs docker.io, starts the rig's own dockerd, builds
@@ -156,7 +156,7 @@ impl K3s {
     }
 
     fn actuator(&self) -> DockerActuator {
-        DockerActuator::new(&self.config("30s")).unwrap()
+        common::docker_actuator(&self.config("30s")).unwrap()
     }
 
     fn inspect(&self, format: &str) -> String {
@@ -340,7 +340,7 @@ fn health_that_never_comes_puts_the_previous_level_back() {
     let Some(rig) = rig() else { return };
     serially(async {
         let k3s = K3s::start(rig, "never", "127.0.61.4", None);
-        let mut act = DockerActuator::new(&k3s.config("6s")).unwrap();
+        let mut act = common::docker_actuator(&k3s.config("6s")).unwrap();
         act.apply_level(Level::ControlPlane, &Readiness::default()).await.unwrap();
         let t0 = k3s.started_at();
         std::fs::write(k3s.knob("standin-never-healthy"), "").unwrap();
@@ -397,7 +397,7 @@ fn health_that_never_comes_back_either_is_reported() {
     let Some(rig) = rig() else { return };
     serially(async {
         let k3s = K3s::start(rig, "never2", "127.0.61.5", None);
-        let mut act = DockerActuator::new(&k3s.config("3s")).unwrap();
+        let mut act = common::docker_actuator(&k3s.config("3s")).unwrap();
         std::fs::write(k3s.knob("standin-never-healthy"), "").unwrap();
         let err = format!("{:#}", act.apply_level(Level::EtcdOnly, &Readiness::default()).await.unwrap_err());
         assert!(err.contains("restored the previous level full") && err.contains("but that failed too"), "{err}");
@@ -441,7 +441,7 @@ fn a_container_that_is_not_running_is_named() {
         assert!(err.contains(&k3s.name) && err.contains("exited, not running"), "{err}");
         let missing =
             Config::parse(&format!("[docker]\nsocket = {:?}\ncontainer = \"no-such-k3s\"\n", rig.socket)).unwrap();
-        let err = format!("{:#}", DockerActuator::new(&missing).unwrap().current_level().await.unwrap_err());
+        let err = format!("{:#}", common::docker_actuator(&missing).unwrap().current_level().await.unwrap_err());
         assert!(err.contains("no-such-k3s") && err.contains(&rig.socket.display().to_string()), "{err}");
     });
 }

@@ -49,7 +49,7 @@ fn at_control_plane(name: &str, health_timeout: &str, extra: &str) -> (Container
     let c = Container::up(name);
     c.wait_healthy(Duration::from_secs(90));
     assert_eq!(c.record_text(), "full", "the hook recorded full at boot (no drop-in)");
-    let mut a = SystemdActuator::new(&c.config(health_timeout, extra)).unwrap();
+    let mut a = common::systemd_actuator(&c.config(health_timeout, extra)).unwrap();
     block_on(a.apply_level(Level::ControlPlane, &Readiness::default())).unwrap();
     (c, a)
 }
@@ -61,7 +61,7 @@ fn steps_restart_k3s_only_between_etcd_only_and_the_rest() {
     }
     let c = Container::up("regrade-steps");
     c.wait_healthy(Duration::from_secs(90));
-    let mut a = SystemdActuator::new(&c.config("25s", "")).unwrap();
+    let mut a = common::systemd_actuator(&c.config("25s", "")).unwrap();
     let ready = Readiness::default();
     assert_eq!(block_on(a.current_level()).unwrap(), Level::Full);
 

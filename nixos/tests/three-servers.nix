@@ -9,6 +9,10 @@
 }: let
   inherit (pkgs) lib;
   names = ["server1" "server2" "server3"];
+  # The whole run's budget (the driver's default is an hour). Every wait below takes at
+  # most what is left of it less a margin, so a slow builder fails at the wait that is
+  # slow, with its name, instead of being killed mid-wait.
+  globalTimeout = 2700;
   # The settings under test, from the file .ci/run checks with `regrade check-config`.
   vmSettings = builtins.fromTOML (builtins.readFile ../../tests/nixos/vm-settings.toml);
   fixtureDir = dirOf vmSettings.pressure.source;
@@ -76,10 +80,19 @@
   };
 in {
   name = "regrade-three-servers";
+  inherit globalTimeout;
   nodes = lib.genAttrs names server;
 
   testScript = ''
     import json, time
+
+    # The margin leaves the driver time to stop the VMs and report.
+    budget_end = time.monotonic() + ${toString globalTimeout} - 120
+
+    def left(cap):
+        rest = int(budget_end - time.monotonic())
+        assert rest > 0, f"the test's budget (globalTimeout ${toString globalTimeout}s less 120s) is spent"
+        return min(cap, rest)
 
     servers = [server1, server2, server3]
     by_name = {"server1": server1, "server2": server2, "server3": server3}
@@ -107,8 +120,8 @@ in {
     def status(m):
         return json.loads(m.succeed("regrade status --json"))
 
-    def wait_level(m, level, timeout=900):
-        m.wait_until_succeeds(f"regrade status --json | jq -e '.level == \"{level}\"'", timeout=timeout)
+    def wait_level(m, level, timeout=left(900)):
+        m.wait_until_succeeds(f"regrade status --json | jq -e '.level == \"{level}\"'", timeout=left(timeout))
 
     def node_label(via, name):
         return kubectl(via, f"get node {name} -o json | jq -r '.metadata.labels[\"regrade.dev/level\"] // \"\"'").strip()
@@ -131,12 +144,12 @@ in {
 
     start_all()
     for m in servers:
-        m.wait_for_unit("k3s.service")
+        m.wait_for_unit("k3s.service", timeout=left(900))
     for name in by_name:
-        server1.wait_until_succeeds(f"k3s kubectl wait --for=condition=Ready node/{name} --timeout=10s", timeout=900)
+        server1.wait_until_succeeds(f"k3s kubectl wait --for=condition=Ready node/{name} --timeout=10s", timeout=left(900))
     for m in servers:
-        m.wait_for_unit("regrade-credentials.service")
-        m.wait_for_unit("regrade.service")
+        m.wait_for_unit("regrade-credentials.service", timeout=left(600))
+        m.wait_for_unit("regrade.service", timeout=left(300))
         wait_level(m, "full")
     # The daemon runs with the ServiceAccount token, not k3s's admin credentials.
     server1.succeed("grep -q 'token:' /var/lib/regrade/kubeconfig && ! grep -q client-key-data /var/lib/regrade/kubeconfig")
@@ -149,7 +162,7 @@ in {
                           "acquireTime": now, "renewTime": now}}
         server2.succeed(f"echo '{json.dumps(lease)}' | k3s kubectl apply -f -")
         over(server1)
-        server1.wait_until_succeeds("regrade status --json | jq -e '.refusal.kind == \"lease-held\"'", timeout=120)
+        server1.wait_until_succeeds("regrade status --json | jq -e '.refusal.kind == \"lease-held\"'", timeout=left(120))
         assert status(server1)["level"] == "full"
         assert node_label(server2, "server1") == ""
         kubectl(server2, "-n kube-system delete lease regrade")
@@ -157,15 +170,15 @@ in {
     with subtest("2. pressure steps server1 to control-plane, then etcd-only; no other server below full"):
         id_before = member_id(server2, "server1")
         secret_before = kubectl(server2, "-n kube-system get secret server1.node-password.k3s -o jsonpath='{.metadata.uid}{.data}'")
-        wait_level(server1, "control-plane", timeout=300)
+        wait_level(server1, "control-plane", timeout=left(300))
         # The next step may already be under way (cooldown 20s): the label is one of the two.
         assert node_label(server2, "server1") in ("control-plane", "etcd-only")
         assert below_full(server2) == {"server1"}, below_full(server2)
         assert json.loads(kubectl(server2, "get node server1 -o json"))["spec"].get("unschedulable") is True
         wait_level(server1, "etcd-only")
         server1.succeed("test -e /etc/rancher/k3s/config.yaml.d/50-regrade.yaml")
-        server1.wait_until_succeeds("curl -sf http://127.0.0.1:2381/health")
-        server2.wait_until_succeeds("k3s kubectl get node server1 -o json | jq -e '.metadata.labels[\"regrade.dev/level\"] == \"etcd-only\"'")
+        server1.wait_until_succeeds("curl -sf http://127.0.0.1:2381/health", timeout=left(300))
+        server2.wait_until_succeeds("k3s kubectl get node server1 -o json | jq -e '.metadata.labels[\"regrade.dev/level\"] == \"etcd-only\"'", timeout=left(300))
         assert below_full(server2) == {"server1"}, below_full(server2)
         for m in (server2, server3):
             assert status(m)["level"] == "full"
@@ -178,37 +191,39 @@ in {
 
     with subtest("4. with server1 at etcd-only and server3 stopped, the cluster still takes writes"):
         server3.systemctl("stop k3s.service")
-        server2.wait_until_succeeds("k3s kubectl create configmap quorum-check --from-literal=at=etcd-only", timeout=300)
+        server2.wait_until_succeeds("k3s kubectl create configmap quorum-check --from-literal=at=etcd-only", timeout=left(300))
         server2.succeed("k3s kubectl get configmap quorum-check")
 
         with subtest("5. pressure on server2 meanwhile is refused (server1 is below full)"):
             over(server2)
-            server2.wait_until_succeeds("regrade status --json | jq -e '.refusal != null'", timeout=120)
+            server2.wait_until_succeeds("regrade status --json | jq -e '.refusal != null'", timeout=left(120))
             assert status(server2)["level"] == "full"
             assert node_label(server2, "server2") == ""
             calm(server2)
 
         server3.systemctl("start k3s.service")
-        server3.wait_for_unit("k3s.service")
-        server2.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/server3 --timeout=10s", timeout=900)
+        server3.wait_for_unit("k3s.service", timeout=left(900))
+        server2.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/server3 --timeout=10s", timeout=left(900))
 
     with subtest("6. turning regrade off on server1 while it is below full is refused"):
         code, out = switch_no_regrade(server1)
         assert code != 0, out
         assert "regrade step to full" in out, out
         server1.succeed("systemctl is-active regrade.service")
+        # A refused switch leaves no hold: regrade stays free to step back up.
+        server1.fail("test -e /run/regrade/switch-hold")
 
     with subtest("7. calm fixture values step server1 back up to full by itself"):
         calm(server1)
         wait_level(server1, "full")
         assert status(server1)["last_step"]["from"] == "control-plane", status(server1)
         server1.fail("test -e /etc/rancher/k3s/config.yaml.d/50-regrade.yaml")
-        server2.wait_until_succeeds("k3s kubectl get node server1 -o json | jq -e '(.metadata.labels[\"regrade.dev/level\"] // \"\") == \"\"'")
+        server2.wait_until_succeeds("k3s kubectl get node server1 -o json | jq -e '(.metadata.labels[\"regrade.dev/level\"] // \"\") == \"\"'", timeout=left(300))
         assert json.loads(kubectl(server2, "get node server1 -o json"))["spec"].get("unschedulable") is not True
         assert member_id(server2, "server1") == id_before
 
     with subtest("8. regrade step down / step up by hand on server2"):
-        server2.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/server1 --timeout=10s", timeout=600)
+        server2.wait_until_succeeds("k3s kubectl wait --for=condition=Ready node/server1 --timeout=10s", timeout=left(600))
         # Neither over nor calm: the watcher on server2 takes no step of its own meanwhile.
         pressure(server2, 20, 1024 * 1024)
         server2.succeed("regrade step down")
@@ -226,6 +241,9 @@ in {
         code, out = switch_no_regrade(server1)
         assert code == 0, out
         assert k3s_invocation(server1) == before, "k3s.service was restarted"
+        # The check held the running regrade from starting a step until it stopped.
+        until = int(server1.succeed("head -n1 /run/regrade/switch-hold").strip())
+        assert until > int(server1.succeed("date +%s")), until
         server1.fail("systemctl is-active regrade.service")
         server1.succeed("systemctl is-active k3s.service")
   '';

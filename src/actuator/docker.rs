@@ -1,4 +1,4 @@
-//! The Docker actuator (SPEC §5, docker; cargo feature `docker`): k3s server runs as a
+//! The Docker actuator (docs/behaviour.md, "Actuators"; cargo feature `docker`): k3s server runs as a
 //! Docker container whose entrypoint is `regrade entrypoint -- k3s server ARGS...`
 //! (see [`super::entrypoint`]).
 //!
@@ -40,10 +40,10 @@ use self::engine::{Container, Engine};
 use super::entrypoint::{self, parse_level, read_level_file};
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
-use crate::config::{Config, HumanDuration, LevelsConfig};
 use crate::fsutil;
 use crate::level::Level;
-use crate::units::format_duration;
+use crate::levels::LevelsConfig;
+use crate::units::{format_duration, HumanDuration};
 
 /// `[docker]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -114,10 +114,9 @@ pub struct DockerActuator {
 }
 
 impl DockerActuator {
-    pub fn new(cfg: &Config) -> anyhow::Result<DockerActuator> {
-        let d = cfg.docker.clone();
-        let health = HealthUrl::parse("docker.etcd_health_url", &d.etcd_health_url)?;
-        Ok(DockerActuator { engine: Engine::new(&d.socket), cfg: d, levels: cfg.levels.clone(), health })
+    pub fn new(cfg: &DockerConfig, levels: &LevelsConfig) -> anyhow::Result<DockerActuator> {
+        let health = HealthUrl::parse("docker.etcd_health_url", &cfg.etcd_health_url)?;
+        Ok(DockerActuator { engine: Engine::new(&cfg.socket), cfg: cfg.clone(), levels: levels.clone(), health })
     }
 
     async fn running_container(&self) -> anyhow::Result<Container> {
@@ -224,11 +223,8 @@ impl Actuator for DockerActuator {
         let name = self.cfg.container.clone();
         let path = self.cfg.level_file.clone();
         let started = self.started_level(&self.running_container().await?).await?;
-        let previous = match std::fs::read(&path) {
-            Ok(b) => Some(b),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e).with_context(|| format!("reading level file {}", path.display())),
-        };
+        let previous =
+            fsutil::read_if_exists(&path).with_context(|| format!("reading level file {}", path.display()))?;
         write_level_file(&path, format!("{level}\n").as_bytes())?;
         if !self.levels.needs_restart(started, level) {
             tracing::info!(container = %name, level = %level, "level file written; k3s's flags are unchanged, no restart");
@@ -296,9 +292,11 @@ fn write_level_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn actuator(toml: &str) -> DockerActuator {
-        DockerActuator::new(&Config::parse(toml).unwrap()).unwrap()
+        let cfg = Config::parse(toml).unwrap();
+        DockerActuator::new(&cfg.docker, &cfg.levels).unwrap()
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `regrade entrypoint -- k3s server ARGS...`: the k3s container's entrypoint (SPEC §5,
-//! docker). In every build, since the container runs it whether or not this build
+//! `regrade entrypoint -- k3s server ARGS...`: the k3s container's entrypoint
+//! (docs/behaviour.md, "Actuators"). In every build, since the container runs it whether or not this build
 //! has the Docker actuator.
 //!
 //! At every start of the container it reads the level file (on the k3s data volume,
@@ -27,9 +27,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::config::{FlagValue, LevelsConfig};
 use crate::fsutil;
 use crate::level::Level;
+use crate::levels::{FlagValue, LevelsConfig};
 
 pub const LEVEL_FILE_ENV: &str = "REGRADE_LEVEL_FILE";
 pub const STARTED_LEVEL_FILE_ENV: &str = "REGRADE_STARTED_LEVEL_FILE";
@@ -38,14 +38,16 @@ pub const DEFAULT_LEVEL_FILE: &str = "/var/lib/rancher/k3s/regrade-level";
 /// On the container's tmpfs.
 pub const DEFAULT_STARTED_LEVEL_FILE: &str = "/run/regrade/started-level";
 
-pub fn run(config: &Path, explicit: bool, command: &[OsString]) -> anyhow::Result<ExitCode> {
+/// `levels`: the `[levels]` of regrade's configuration as `Config::load_levels` read
+/// it; an error starts k3s at `full`.
+pub fn run(levels: anyhow::Result<LevelsConfig>, command: &[OsString]) -> anyhow::Result<ExitCode> {
     let Some((program, args)) = command.split_first() else {
         anyhow::bail!("entrypoint: no k3s command given (usage: regrade entrypoint -- k3s server ARGS...)");
     };
     let level_file = env_path(LEVEL_FILE_ENV, DEFAULT_LEVEL_FILE);
     let record = env_path(STARTED_LEVEL_FILE_ENV, DEFAULT_STARTED_LEVEL_FILE);
 
-    let (mut level, levels) = match levels_config(config, explicit) {
+    let (mut level, levels) = match levels {
         Ok(levels) => (level_to_start(&level_file), levels),
         Err(e) => {
             say(&format!("{e:#}; starting k3s at full"));
@@ -80,22 +82,6 @@ fn describe(flags: &[String]) -> String {
     }
 }
 
-/// The `[levels]` of regrade's configuration: only that section is the entrypoint's
-/// business, so the rest is not checked (a `[docker]` section is unknown to a build
-/// without the Docker actuator, and must not keep k3s from starting).
-fn levels_config(path: &Path, explicit: bool) -> anyhow::Result<LevelsConfig> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(LevelsConfig::default()),
-        Err(e) => return Err(e).with_context(|| format!("reading the configuration {}", path.display())),
-    };
-    let table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    match table.get("levels") {
-        None => Ok(LevelsConfig::default()),
-        Some(v) => v.clone().try_into().with_context(|| format!("in {}: [levels]", path.display())),
-    }
-}
-
 /// The level the file asks for; `full` when it is absent, and `full` with a message
 /// when it cannot be read or makes no sense.
 fn level_to_start(path: &Path) -> Level {
@@ -114,11 +100,8 @@ fn level_to_start(path: &Path) -> Level {
 
 /// The level file: one line, a level's name. `None` when there is no file.
 pub fn read_level_file(path: &Path) -> anyhow::Result<Option<Level>> {
-    match std::fs::read(path) {
-        Ok(bytes) => parse_level(&bytes).map(Some).with_context(|| format!("level file {}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading level file {}", path.display())),
-    }
+    let bytes = fsutil::read_if_exists(path).with_context(|| format!("reading level file {}", path.display()))?;
+    bytes.map(|b| parse_level(&b).with_context(|| format!("level file {}", path.display()))).transpose()
 }
 
 pub fn parse_level(bytes: &[u8]) -> anyhow::Result<Level> {
@@ -183,19 +166,5 @@ mod tests {
         assert_eq!(level_to_start(&p), Level::Full);
         // No temporary file is left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
-    }
-
-    #[test]
-    fn only_the_levels_section_matters() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("regrade.toml");
-        std::fs::write(&p, "[docker]\nwhatever = 1\n[levels.etcd-only.k3s]\ndisable-apiserver = true\n").unwrap();
-        let levels = levels_config(&p, true).unwrap();
-        assert_eq!(flag_args(&levels.k3s_flags(Level::EtcdOnly)), ["--disable-apiserver"]);
-        std::fs::write(&p, "[levels.etcd-only]\nk3s = 3\n").unwrap();
-        let e = format!("{:#}", levels_config(&p, true).unwrap_err());
-        assert!(e.contains(&p.display().to_string()) && e.contains("[levels]"), "{e}");
-        assert_eq!(levels_config(&dir.path().join("absent.toml"), false).unwrap(), LevelsConfig::default());
-        assert!(levels_config(&dir.path().join("absent.toml"), true).is_err());
     }
 }

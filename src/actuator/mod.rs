@@ -1,4 +1,4 @@
-//! Actuators: what changes how k3s runs (SPEC §5). The core calls only [`Actuator`]'s
+//! Actuators: what changes how k3s runs (docs/behaviour.md, "Actuators"). The core calls only [`Actuator`]'s
 //! three methods; the Node's cordon, taint and label are the cluster's business.
 
 use std::time::{Duration, SystemTime};
@@ -14,7 +14,8 @@ pub mod entrypoint;
 pub mod etcd_health;
 pub mod systemd;
 
-/// Waits for the local Node to be Ready on a heartbeat newer than a restart (SPEC §4).
+/// Waits for the local Node to be Ready on a heartbeat newer than a restart
+/// (docs/behaviour.md, "Coordination").
 /// The cluster implements it; an actuator calls it after restarting k3s into a level
 /// that runs the agent.
 #[async_trait(?Send)]

@@ -1,4 +1,4 @@
-//! The systemd actuator (SPEC §5), the default: a level's k3s flags live in one k3s
+//! The systemd actuator (docs/behaviour.md, "Actuators"), the default: a level's k3s flags live in one k3s
 //! config drop-in; a change of flags restarts `k3s.service` over systemd's D-Bus API;
 //! an `ExecStartPre` hook (`regrade record-start`) records the level k3s started at.
 //!
@@ -17,17 +17,18 @@ pub mod record;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, bail, Context};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
-use crate::config::{Config, HumanDuration, LevelsConfig};
 use crate::level::Level;
-use crate::units::format_duration;
+use crate::levels::LevelsConfig;
+use crate::units::{format_duration, HumanDuration};
 
 pub use dropin::Dropin;
 
@@ -93,11 +94,11 @@ pub struct SystemdActuator {
 }
 
 impl SystemdActuator {
-    pub fn new(cfg: &Config) -> anyhow::Result<SystemdActuator> {
+    pub fn new(cfg: &SystemdConfig, levels: &LevelsConfig) -> anyhow::Result<SystemdActuator> {
         Ok(SystemdActuator {
-            cfg: cfg.systemd.clone(),
-            levels: cfg.levels.clone(),
-            health: HealthUrl::parse("systemd.etcd_health_url", &cfg.systemd.etcd_health_url)?,
+            cfg: cfg.clone(),
+            levels: levels.clone(),
+            health: HealthUrl::parse("systemd.etcd_health_url", &cfg.etcd_health_url)?,
         })
     }
 
@@ -296,10 +297,9 @@ impl Actuator for SystemdActuator {
 /// `regrade record-start`, the `ExecStartPre` hook of k3s.service: records the level
 /// k3s is being started at. It never fails the start: an unreadable drop-in is
 /// recorded as `full`, and a record it cannot write is logged.
-pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
-    let sd = &cfg.systemd;
+pub fn record_start(sd: &SystemdConfig, levels: &LevelsConfig) -> anyhow::Result<ExitCode> {
     let path = sd.dropin.display();
-    let started = match dropin::read(&sd.dropin, &cfg.levels) {
+    let started = match dropin::read(&sd.dropin, levels) {
         Ok(Dropin::Absent) => Level::Full,
         Ok(Dropin::Level(l)) => l,
         Ok(Dropin::Edited { claimed: Some(l) }) => {
@@ -318,7 +318,7 @@ pub fn record_start(cfg: &Config) -> anyhow::Result<ExitCode> {
     // A level with the same flags as the one on record (e.g. control-plane, reached
     // without a restart) survives a restart of k3s: k3s runs the same either way.
     let level = match record::read(&sd.record) {
-        Ok(Some(prev)) if !cfg.levels.needs_restart(prev, started) => prev,
+        Ok(Some(prev)) if !levels.needs_restart(prev, started) => prev,
         _ => started,
     };
     match record::write(&sd.record, level) {

@@ -1,4 +1,4 @@
-//! Where API calls go (SPEC §4). A server at `etcd-only` has no API server of its own:
+//! Where API calls go (docs/behaviour.md, "Coordination"). A server at `etcd-only` has no API server of its own:
 //! its port 6443 answers 503 "apiserver disabled". So every call is tried against a
 //! list of endpoints in turn — the kubeconfig's own server first, then the configured
 //! `cluster.api_servers`, or, when none are configured, the API servers discovered
@@ -232,9 +232,9 @@ impl Endpoints {
 
     fn read_cache(&self) -> Vec<String> {
         let Some(path) = &self.settings.cache else { return Vec::new() };
-        match std::fs::read_to_string(path) {
-            Ok(s) => s.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        match crate::fsutil::read_string_if_exists(path) {
+            Ok(Some(s)) => s.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect(),
+            Ok(None) => Vec::new(),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "could not read the cached API endpoints");
                 Vec::new()

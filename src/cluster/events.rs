@@ -1,4 +1,4 @@
-//! Kubernetes Events on the Node (SPEC §4): one per step and per new refusal reason,
+//! Kubernetes Events on the Node (docs/behaviour.md, "Coordination"): one per step and per new refusal reason,
 //! so `kubectl describe node` shows what regrade did and why it did not.
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -9,28 +9,66 @@ use kube::Api;
 
 use super::endpoints::Endpoints;
 use super::StepEvent;
-use crate::decide::Direction;
+use crate::decide::{Direction, Step};
 
 /// Node Events live where the kubelet puts its own.
 pub const NAMESPACE: &str = "default";
 pub const COMPONENT: &str = "regrade";
 
+/// An Event's `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// An Event's `reason`: what `kubectl get events --field-selector reason=...` finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventReason {
+    StepDown,
+    StepUp,
+    StepFailed,
+    Refused,
+}
+
+impl EventReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventReason::StepDown => "RegradeStepDown",
+            EventReason::StepUp => "RegradeStepUp",
+            EventReason::StepFailed => "RegradeStepFailed",
+            EventReason::Refused => "RegradeRefused",
+        }
+    }
+}
+
 /// `(type, reason, message)` of the Event for `e`.
-pub fn describe(e: &StepEvent<'_>) -> (&'static str, &'static str, String) {
-    let dir = |s: &crate::decide::Step| match s.direction {
-        Direction::Down => "RegradeStepDown",
-        Direction::Up => "RegradeStepUp",
+pub fn describe(e: &StepEvent<'_>) -> (EventType, EventReason, String) {
+    let done = |s: &Step| match s.direction {
+        Direction::Down => EventReason::StepDown,
+        Direction::Up => EventReason::StepUp,
     };
     match e {
-        StepEvent::Done(s) => ("Normal", dir(s), format!("{} from {} to {}", s.direction.action(), s.from, s.to)),
+        StepEvent::Done(s) => {
+            (EventType::Normal, done(s), format!("{} from {} to {}", s.direction.action(), s.from, s.to))
+        }
         StepEvent::Failed(s, why) => (
-            "Warning",
-            "RegradeStepFailed",
+            EventType::Warning,
+            EventReason::StepFailed,
             format!("{} from {} to {} failed: {why}", s.direction.action(), s.from, s.to),
         ),
         StepEvent::Refused(s, r) => (
-            "Warning",
-            "RegradeRefused",
+            EventType::Warning,
+            EventReason::Refused,
             format!("{} from {} to {} refused: {}", s.direction.action(), s.from, s.to, r),
         ),
     }
@@ -54,8 +92,8 @@ pub async fn record(eps: &Endpoints, node: &str, e: &StepEvent<'_>) -> anyhow::R
             uid: Some(node.into()),
             ..Default::default()
         },
-        type_: Some(type_.into()),
-        reason: Some(reason.into()),
+        type_: Some(type_.as_str().into()),
+        reason: Some(reason.as_str().into()),
         message: Some(message),
         source: Some(EventSource { component: Some(COMPONENT.into()), host: Some(node.into()) }),
         reporting_component: Some(COMPONENT.into()),

@@ -1,18 +1,21 @@
-//! The Lease that serialises steps across servers (SPEC §4): `coordination.k8s.io/v1`,
+//! The Lease that serialises steps across servers (docs/behaviour.md, "Coordination"): `coordination.k8s.io/v1`,
 //! default `kube-system/regrade`. Every write carries the `resourceVersion` just read,
 //! so of two servers writing at once one gets 409 and loses.
 
 use std::cell::RefCell;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Api;
+// tokio's clock, so paused-time tests can drive the renewals and the expiry by our
+// own clock.
+use tokio::time::Instant;
 
 use super::endpoints::{CallError, Endpoints};
-use super::Refusal;
+use super::{Refusal, RefusalKind};
 
 /// Beyond `renewTime + leaseDurationSeconds`, how long a Lease is still taken as held:
 /// room for the clocks of two servers to disagree.
@@ -105,7 +108,7 @@ impl LeaseLock {
         let renewed = spec.and_then(|s| s.renew_time.as_ref()).map_or("never".to_string(), |t| t.0.to_string());
         let secs = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
         Refusal {
-            kind: "lease-held",
+            kind: RefusalKind::LeaseHeld,
             subject: holder.to_string(),
             message: format!(
                 "Lease {}/{} is held by {holder} (renewed {renewed}, for {secs}s)",
@@ -129,7 +132,7 @@ impl LeaseLock {
         let now = MicroTime(Timestamp::now());
         // Who won is not known here; the next look at the Lease names them.
         let lost = || Refusal {
-            kind: "lease-held",
+            kind: RefusalKind::LeaseHeld,
             subject: format!("{}/{}", self.namespace, self.name),
             message: format!("another server took Lease {}/{} at the same moment", self.namespace, self.name),
         };
@@ -285,7 +288,7 @@ pub fn holder_of(l: &Lease) -> String {
 /// A call that failed before the Lease could be judged refuses the step.
 pub fn unreachable(e: CallError) -> Refusal {
     Refusal {
-        kind: if e.is_unreachable() { "api-unreachable" } else { "api-error" },
+        kind: if e.is_unreachable() { RefusalKind::ApiUnreachable } else { RefusalKind::ApiError },
         subject: e.subject(),
         message: e.to_string(),
     }

@@ -1,5 +1,6 @@
-//! Coordination across servers (SPEC §4): the Lease that serialises steps, the peer
-//! gate, and the Node marking. The step runner calls only [`Cluster`].
+//! Coordination across servers (docs/behaviour.md, "Coordination"): the Lease that
+//! serialises steps, the peer gate, and the Node marking. The step runner calls only
+//! [`Cluster`]. Only this module talks to the Kubernetes API.
 //!
 //! [`KubeCluster`] is the real one. It is lazy: it reads the kubeconfig and talks to
 //! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
@@ -9,6 +10,7 @@ pub mod events;
 pub mod lease;
 pub mod node;
 pub mod peers;
+pub mod refusal;
 pub mod static_dns;
 
 use std::path::PathBuf;
@@ -18,13 +20,15 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::actuator::NodeReadiness;
-use crate::config::{HumanDuration, LevelsConfig};
 use crate::decide::{Direction, Step};
 use crate::level::Level;
+use crate::levels::LevelsConfig;
+use crate::units::HumanDuration;
 use endpoints::{EndpointSettings, Endpoints};
 use lease::LeaseLock;
 use node::NodeMarks;
 use peers::PeerGate;
+pub use refusal::{Refusal, RefusalKind};
 
 /// `[cluster]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -111,37 +115,6 @@ impl ClusterConfig {
     }
 }
 
-/// Why a step may not run now. A refused step changes no state (SPEC §3).
-///
-/// `(kind, subject)` identifies the reason: it stays the same from sample to sample
-/// while the reason does, so a change of it is what gets an Event. `message` is for
-/// reading and may change every sample (it carries ages and renew times).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// A short machine-readable cause: `lease-held`, `peer-not-ready`,
-    /// `peer-stepped-down`, `api-unreachable`, `api-error`.
-    pub kind: &'static str,
-    /// What the refusal is about, without volatile numbers: the peer's Node name,
-    /// the Lease holder's identity, the endpoints that did not answer, the request
-    /// and status that failed.
-    pub subject: String,
-    /// What an operator reads: names the holder, the peer, the endpoint.
-    pub message: String,
-}
-
-impl Refusal {
-    /// Whether `other` is the same reason (see the type's documentation).
-    pub fn same_reason(&self, other: &Refusal) -> bool {
-        self.kind == other.kind && self.subject == other.subject
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.message, self.kind)
-    }
-}
-
 /// What happened to a step, for the Event on the Node.
 #[derive(Clone, Debug)]
 pub enum StepEvent<'a> {
@@ -214,10 +187,10 @@ impl Cluster for AlwaysFree {
     async fn record(&self, _: StepEvent<'_>) {}
 }
 
-/// The cluster client for `cfg`: the Kubernetes API through the configured endpoints.
-/// Reads nothing and connects nowhere until first used.
-pub async fn connect(cfg: &crate::config::Config) -> anyhow::Result<Box<dyn Cluster>> {
-    Ok(Box::new(KubeCluster::new(cfg)?))
+/// The cluster client for `[cluster]`: the Kubernetes API through the configured
+/// endpoints. Reads nothing and connects nowhere until first used.
+pub async fn connect(cfg: &ClusterConfig, levels: &LevelsConfig) -> anyhow::Result<Box<dyn Cluster>> {
+    Ok(Box::new(KubeCluster::new(cfg, levels)?))
 }
 
 /// The Kubernetes API as [`Cluster`].
@@ -230,8 +203,7 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
-    pub fn new(cfg: &crate::config::Config) -> anyhow::Result<KubeCluster> {
-        let c = &cfg.cluster;
+    pub fn new(c: &ClusterConfig, levels: &LevelsConfig) -> anyhow::Result<KubeCluster> {
         let node_name = match &c.node_name {
             Some(n) => n.clone(),
             None => hostname()?,
@@ -247,7 +219,7 @@ impl KubeCluster {
         // two holders, and must not mistake each other's Lease for their own.
         let identity = format!("{node_name}/{}", std::process::id());
         let lease = LeaseLock::new(&c.lease_namespace, &c.lease_name, identity, c.lease_duration.0);
-        Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: cfg.levels.clone() })
+        Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: levels.clone() })
     }
 
     fn marks(&self) -> NodeMarks<'_> {
@@ -270,8 +242,10 @@ impl KubeCluster {
             heartbeat_timeout: self.cfg.peer_heartbeat_timeout.0,
         };
         match step.direction {
-            Direction::Down => gate.check(&self.endpoints, true).await,
-            Direction::Up if self.levels.needs_restart(step.from, step.to) => gate.check(&self.endpoints, false).await,
+            Direction::Down => gate.check_for_step_down(&self.endpoints).await,
+            Direction::Up if self.levels.needs_restart(step.from, step.to) => {
+                gate.check_voters_ready(&self.endpoints).await
+            }
             Direction::Up => Ok(()),
         }
     }

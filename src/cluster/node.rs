@@ -1,4 +1,4 @@
-//! The Node's marks (SPEC §2, §4) and the readiness wait after a restart.
+//! The Node's marks (docs/behaviour.md, "Levels" and "Coordination") and the readiness wait after a restart.
 //!
 //! Below `full` the Node carries the level label, is cordoned and has regrade's taint;
 //! an annotation records which of cordon and taint regrade set, so `full` undoes only
@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 use super::endpoints::Endpoints;
 use super::peers::NODE_LEASE_NAMESPACE;
-use crate::config::LevelsConfig;
 use crate::level::Level;
+use crate::levels::LevelsConfig;
 
 pub struct NodeMarks<'a> {
     pub node_name: &'a str,
@@ -219,7 +219,7 @@ fn now_seconds() -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TaintEffect;
+    use crate::levels::TaintEffect;
     use k8s_openapi::api::core::v1::NodeSpec;
     use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! The peer gate (SPEC §4): a server steps only while every other etcd voter is
+//! The peer gate (docs/behaviour.md, "Coordination"): a server steps only while every other etcd voter is
 //! Ready — judged by a fresh node Lease in `kube-node-lease`, a Ready condition that
 //! is True and, where k3s reports it, `EtcdIsVoter` not False — and, for a step down,
 //! while no other server carries the level label (is stepped down itself).
@@ -14,7 +14,7 @@ use kube::Api;
 
 use super::endpoints::Endpoints;
 use super::lease::unreachable;
-use super::Refusal;
+use super::{Refusal, RefusalKind};
 
 pub const ETCD_ROLE_LABEL: &str = "node-role.kubernetes.io/etcd";
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -25,10 +25,27 @@ pub struct PeerGate<'a> {
     pub heartbeat_timeout: Duration,
 }
 
+/// Whether a peer that carries the level label (is stepped down) refuses the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SteppedDownPeers {
+    Refuse,
+    Allow,
+}
+
 impl PeerGate<'_> {
+    /// For a step down: every other voter Ready, and none stepped down.
+    pub async fn check_for_step_down(&self, eps: &Endpoints) -> Result<(), Refusal> {
+        self.check(eps, SteppedDownPeers::Refuse).await
+    }
+
+    /// For a step up that restarts k3s: every other voter Ready (a stepped-down peer
+    /// does not stop a step that restores function).
+    pub async fn check_voters_ready(&self, eps: &Endpoints) -> Result<(), Refusal> {
+        self.check(eps, SteppedDownPeers::Allow).await
+    }
+
     /// Refuses, naming the first peer in name order that is not fit, and why.
-    /// `labels`: also refuse a peer that carries the level label (a step down).
-    pub async fn check(&self, eps: &Endpoints, labels: bool) -> Result<(), Refusal> {
+    async fn check(&self, eps: &Endpoints, stepped_down: SteppedDownPeers) -> Result<(), Refusal> {
         let selector = format!("{ETCD_ROLE_LABEL}=true");
         let nodes = eps
             .call(format!("list nodes -l {selector}"), |c| {
@@ -56,7 +73,7 @@ impl PeerGate<'_> {
         peers.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let now = Timestamp::now();
         for peer in &peers {
-            if let Some(why) = self.unfit(peer, &renewed, now, labels) {
+            if let Some(why) = self.unfit(peer, &renewed, now, stepped_down) {
                 return Err(why);
             }
         }
@@ -68,20 +85,24 @@ impl PeerGate<'_> {
         peer: &Node,
         renewed: &BTreeMap<String, Option<Timestamp>>,
         now: Timestamp,
-        labels: bool,
+        stepped_down: SteppedDownPeers,
     ) -> Option<Refusal> {
         let name = peer.metadata.name.as_deref().unwrap_or_default();
-        if labels {
+        if stepped_down == SteppedDownPeers::Refuse {
             if let Some(level) = peer.metadata.labels.as_ref().and_then(|l| l.get(self.level_label)) {
                 return Some(Refusal {
-                    kind: "peer-stepped-down",
+                    kind: RefusalKind::PeerSteppedDown,
                     subject: name.to_string(),
                     message: format!("peer {name} is stepped down ({}={level})", self.level_label),
                 });
             }
         }
         let not_ready = |why: String| {
-            Some(Refusal { kind: "peer-not-ready", subject: name.to_string(), message: format!("peer {name} {why}") })
+            Some(Refusal {
+                kind: RefusalKind::PeerNotReady,
+                subject: name.to_string(),
+                message: format!("peer {name} {why}"),
+            })
         };
         let conditions = peer.status.as_ref().and_then(|s| s.conditions.as_ref());
         let condition = |t: &str| conditions.and_then(|cs| cs.iter().find(|c| c.type_ == t));
@@ -110,7 +131,7 @@ impl PeerGate<'_> {
             Some(Some(t)) => {
                 let age = Duration::try_from(now.duration_since(*t)).unwrap_or_default();
                 (age > self.heartbeat_timeout).then(|| Refusal {
-                    kind: "peer-not-ready",
+                    kind: RefusalKind::PeerNotReady,
                     subject: name.to_string(),
                     message: format!(
                         "peer {name}'s node Lease was last renewed {}s ago (stale after {}s)",

@@ -22,18 +22,22 @@ use serde_json::json;
 /// The systemd-nspawn rig (tests/nspawn) for the systemd actuator tests.
 pub mod nspawn;
 
-/// Stands in for the cluster's readiness wait in the actuator tests (the wait itself
-/// is tested against a real API server in cluster_node.rs, and end to end): records
-/// the restart time each wait was asked for.
-#[derive(Default)]
-pub struct Readiness(pub std::cell::RefCell<Vec<std::time::SystemTime>>);
+/// The shared fakes (src/testing.rs): the readiness wait of the actuator tests.
+#[allow(unused_imports)] // used by the actuator tests only
+pub use regrade::testing::Readiness;
 
-#[async_trait::async_trait(?Send)]
-impl regrade::actuator::NodeReadiness for Readiness {
-    async fn wait_ready_since(&self, since: std::time::SystemTime, _timeout: Duration) -> anyhow::Result<()> {
-        self.0.borrow_mut().push(since);
-        Ok(())
-    }
+/// The edges built from their own sections of `cfg`, as `backend` builds them.
+pub fn kube_cluster(cfg: &regrade::config::Config) -> anyhow::Result<regrade::cluster::KubeCluster> {
+    regrade::cluster::KubeCluster::new(&cfg.cluster, &cfg.levels)
+}
+
+pub fn systemd_actuator(cfg: &regrade::config::Config) -> anyhow::Result<regrade::actuator::systemd::SystemdActuator> {
+    regrade::actuator::systemd::SystemdActuator::new(&cfg.systemd, &cfg.levels)
+}
+
+#[cfg(feature = "docker")]
+pub fn docker_actuator(cfg: &regrade::config::Config) -> anyhow::Result<regrade::actuator::docker::DockerActuator> {
+    regrade::actuator::docker::DockerActuator::new(&cfg.docker, &cfg.levels)
 }
 
 pub const GATE: &str = "REGRADE_TEST_KUBE";
@@ -148,7 +152,7 @@ impl Harness {
         c.cluster.node_name = Some(node.to_string());
         c.cluster.lease_name = lease.to_string();
         c.cluster.endpoints_cache = self.dir.join(format!("endpoints-{node}"));
-        c.cluster.request_timeout = regrade::config::HumanDuration(Duration::from_secs(5));
+        c.cluster.request_timeout = regrade::units::HumanDuration(Duration::from_secs(5));
         c
     }
 }

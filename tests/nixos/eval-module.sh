@@ -2,29 +2,67 @@
 # eval-module.sh [NIXPKGS_LIB_CHECKOUT] [REGRADE_BINARY]
 # Evaluates nixos/module.nix against the real nixpkgs `lib` (a checkout of
 # nix-community/nixpkgs.lib, or of nixpkgs itself: the directory holding lib/), with stub
-# NixOS options (tests/nixos/eval-module.nix), and checks:
+# NixOS options that follow nixpkgs' declarations (tests/nixos/eval-module.nix), and checks:
 #   - an enabled server: no assertion fails; the settings, units, manifests it makes;
-#   - a disabled server: k3s.service's definition is identical (no k3s restart), and the
-#     pre-switch check refuses while below full, in bash, against real files;
+#   - a disabled server: k3s.service's definition is identical (no k3s restart), and its
+#     pre-switch check is exactly what tests/nixos/pre-switch-check-test.sh runs;
+#   - the README's example cluster (nixos/README-section.md) evaluates, with no warning;
+#   - issue 15's items: the flake's module imported twice, a server without etcd, k3s's
+#     nodeName, a renamed ServiceAccount, disableAgent, the firewall, a .yml drop-in;
+#     the typed etcd, drain and metrics options;
 #   - each misconfiguration fails exactly its assertion (messages printed);
 #   - with REGRADE_BINARY, the generated settings pass `regrade check-config`.
-# Without a lib checkout (argument or $NIXPKGS_LIB) it skips with a notice: nixpkgs
-# cannot be downloaded on the project's machines, and the lib is never committed.
+# nixpkgs cannot be downloaded on the project's machines, and its lib is never committed:
+# without a lib checkout (argument or $NIXPKGS_LIB) every scenario is evaluated with
+# tests/nixos/minilib.nix, a small implementation of the module system written for this.
+# With one, both are run and must give the same JSON, so the stand-in is checked too.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 libdir="${1:-${NIXPKGS_LIB:-}}"
 regrade="${2:-}"
-if [ -z "$libdir" ] || [ ! -f "$libdir/lib/default.nix" ]; then
-  echo "SKIP eval-module: no nixpkgs lib checkout given (argument or NIXPKGS_LIB=DIR with DIR/lib/default.nix)"
-  exit 0
+if [ -n "$libdir" ] && [ ! -f "$libdir/lib/default.nix" ]; then
+  echo "eval-module: $libdir has no lib/default.nix (a nixpkgs or nixpkgs.lib checkout)" >&2
+  exit 1
 fi
 command -v nix-instantiate >/dev/null || { echo "eval-module: nix-instantiate missing (apt-get install -y nix-bin)" >&2; exit 1; }
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 out="$tmp/eval.json"
-nix-instantiate --eval --strict --json "$here/eval-module.nix" \
-  --arg lib "import $libdir/lib" --argstr tmp "$tmp/k3s" >"$out"
+# The README's example, as a user copies it, with the hardware files it names.
+mkdir -p "$tmp/example/hardware"
+python3 - "$here/../../nixos/README-section.md" "$tmp/example" <<'EXAMPLE'
+import re, sys
+text = open(sys.argv[1]).read()
+block = re.search(r"```nix\n(.*?)```", text, re.S).group(1)
+open(sys.argv[2] + "/flake.nix", "w").write(block)
+for name in sorted(set(re.findall(r'"(k3s-\d+)"', block))):
+    open(sys.argv[2] + "/hardware/%s.nix" % name, "w").write("{}\n")
+EXAMPLE
+evaluate() { # LIB_EXPRESSION OUT
+  nix-instantiate --eval --strict --json "$here/eval-module.nix" \
+    --arg lib "$1" --argstr tmp "$tmp/k3s" --argstr example "$tmp/example/flake.nix" >"$2"
+}
+if [ -n "$libdir" ]; then
+  echo "eval-module: nixpkgs lib from $libdir, and tests/nixos/minilib.nix beside it"
+  evaluate "import $libdir/lib" "$out"
+  evaluate "import $here/minilib.nix" "$tmp/eval-minilib.json"
+  if python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' "$out" "$tmp/eval-minilib.json"; then
+    echo "ok   tests/nixos/minilib.nix evaluates every scenario to the same JSON as nixpkgs' lib"
+  else
+    echo "FAIL tests/nixos/minilib.nix and nixpkgs' lib disagree:"
+    diff <(python3 -m json.tool --sort-keys "$out") <(python3 -m json.tool --sort-keys "$tmp/eval-minilib.json") | head -40 || true
+    echo fail >"$tmp/minilib-result"
+  fi
+else
+  echo "eval-module: no nixpkgs lib checkout (NIXPKGS_LIB); evaluating with tests/nixos/minilib.nix"
+  evaluate "import $here/minilib.nix" "$out"
+fi
+# What the module renders must be what pre-switch-check-test.sh runs.
+k="$tmp/k3s"
+store="$(nix-instantiate --eval -E builtins.storeDir | tr -d '"')"
+bash "$here/pre-switch-check-test.sh" --render "$k/config.yaml.d/50-regrade.yaml" "$k/started-level" "$k/state.json" \
+  "$k/switch-hold" 300 "$store/00000000000000000000000000000000-coreutils/bin" >"$tmp/rendered-check.txt" || true
 
 python3 - "$out" "$tmp" <<'PY'
 import json, sys
@@ -37,6 +75,8 @@ def check(cond, what):
         fail.append(what)
 
 en, dis = d["enabled"], d["disabled"]
+for rule, held in sorted(d["libSemantics"].items()):
+    check(held is True, "module system: %s" % rule)
 check(en["failingAssertions"] == [], "enabled server: no assertion fails")
 check(dis["failingAssertions"] == [], "disabled server: no assertion fails")
 check(d["k3sUnitUnchangedWhenDisabled"], "k3s.service is defined identically with regrade on and off")
@@ -54,6 +94,50 @@ check(en["settings"]["cluster"]["kubeconfig"] == "/var/lib/regrade/kubeconfig", 
 check("regrade-credentials" in en["units"], "regrade-credentials.service mints it")
 check(d["adminKubeconfig"] == {"kubeconfig": "/etc/rancher/k3s/k3s.yaml", "credentialsUnit": False}, "kubeconfig option: admin credentials, no minting unit")
 check(dis["preSwitchChecks"] and not en["preSwitchChecks"], "pre-switch check only in a configuration with regrade off")
+rendered = open(tmp + "/rendered-check.txt").read()
+check(dis["preSwitchChecks"].get("regrade-not-below-full") == rendered,
+      "7. the module's pre-switch check is nixos/pre-switch-check.sh after its paths and hold (what pre-switch-check-test.sh runs)")
+check(en["warnings"] == [], "enabled server with the k3s ports open: no warning")
+
+# Issue 15, item by item.
+check(d["importedTwice"] == {"evaluates": True, "failingAssertions": []},
+      "1. nixosModules.default imported twice (profile + host file) evaluates: %s" % d["importedTwice"])
+check(d["nodeName"] == {"setting": "k3s-a", "k3sFlag": True, "unset": False},
+      "3. services.k3s.nodeName = k3s-a -> cluster.node_name = k3s-a (k3s runs --node-name=k3s-a); unset stays unset: %s" % d["nodeName"])
+fwd = d["firewall"]
+check(len(fwd["closed"]) == 1 and all(p in fwd["closed"][0] for p in ["6443/tcp", "2379/tcp", "2380/tcp", "10250/tcp", "8472/udp"]),
+      "6. firewall on with k3s's ports closed: a warning names each: %s" % fwd["closed"])
+check(fwd["open"] == [] and fwd["perInterface"] == [] and fwd["trusted"] == [],
+      "6. ports open globally, per interface (a range too), or a trusted interface: no warning")
+readme = d["readme"] or {}
+check(sorted(readme) == ["k3s-1", "k3s-2", "k3s-3"], "6. the README's example cluster evaluates: %s" % sorted(readme))
+for name, node in sorted(readme.items() if isinstance(readme, dict) else []):
+    check(isinstance(node, dict) and node["failingAssertions"] == [] and node["warnings"] == []
+          and {6443, 2379, 2380, 10250} <= set(node["firewall"]["allowedTCPPorts"]) and 8472 in node["firewall"]["allowedUDPPorts"],
+          "6. README example %s: firewall opens k3s's ports (%s/tcp %s/udp), no assertion fails, no warning %s"
+          % (name, node["firewall"]["allowedTCPPorts"], node["firewall"]["allowedUDPPorts"], node["failingAssertions"] + node["warnings"])
+          if isinstance(node, dict) else (name, "-", "-", node))
+check(d["ymlDropin"] == [], "8. a .yml drop-in (config.yaml.d/50-regrade.yml) is accepted: %s" % d["ymlDropin"])
+r2 = d["roundTwo"]
+check(r2["defaultKeys"] == {"etcd": False, "metrics": False, "drain": False, "firewallPorts": [2379, 2380, 6443, 10250]},
+      "round 2: no etcd, metrics or drain key set unless asked, no port opened: %s" % r2["defaultKeys"])
+check("etcd" not in en["settings"] and "metrics" not in en["settings"], "round 2: regrade.toml has no [etcd] or [metrics] table unless set")
+check(r2["metrics"] == {"listen": "127.0.0.1:9559", "firewall": [2379, 2380, 6443, 9559, 10250], "listen6": "[::1]:9600", "firewall6": [2379, 2380, 6443, 10250]},
+      "round 2: metrics.enable -> [metrics] listen = 127.0.0.1:9559, openFirewall opens 9559; ::1 -> [::1]:9600, closed: %s" % r2["metrics"])
+tls = "/var/lib/rancher/k3s/server/tls/etcd/"
+check(r2["etcd"]["sandbox"] == {"TemporaryFileSystem": ["/var/lib/rancher/k3s:ro"],
+                                "BindReadOnlyPaths": ["-" + tls + f for f in ["server-ca.crt", "client.crt", "client.key"]]},
+      "round 2: regrade.service sees k3s's etcd client certificates read-only, nothing else of k3s's data dir: %s" % r2["etcd"]["sandbox"])
+check(r2["etcd"]["custom"] == {"endpoints": ["https://127.0.0.1:2379"], "key_file": "/etc/regrade/etcd.key"}
+      and r2["etcd"]["customSandbox"][2] == "-/etc/regrade/etcd.key",
+      "round 2: settings.etcd keys are written as set, and the sandbox follows key_file: %s" % r2["etcd"])
+check(r2["etcd"]["dataDir"] == {"ca_file": "/srv/k3s/server/tls/etcd/server-ca.crt", "cert_file": "/srv/k3s/server/tls/etcd/client.crt", "key_file": "/srv/k3s/server/tls/etcd/client.key"}
+      and r2["etcd"]["dataDirSandbox"]["TemporaryFileSystem"] == ["/srv/k3s:ro"],
+      "round 2: k3sDataDir = /srv/k3s -> the etcd files under it are written and bound: %s" % r2["etcd"]["dataDir"])
+check(r2["drain"] == {"drain": True, "drain_timeout": "3m", "on_drain_timeout": "delete"} and r2["badDrainRefused"],
+      "round 2: levels.control-plane.{drain, drain_timeout, on_drain_timeout} typed; on_drain_timeout = \"wait\" is a type error")
+for way, msgs in sorted(d["etcdWays"].items()):
+    check(msgs == [], "2. a server with etcd by %s passes the no-etcd assertion: %s" % (way, msgs))
 check(not dis["etc"] and "regrade" not in dis["units"], "regrade off: no config file, no regrade.service")
 
 want = {
@@ -63,12 +147,16 @@ want = {
     "configPathInStore": "is in the Nix store",
     "configPathLiteral": "is a Nix path",
     "dropinElsewhere": "is not in",
-    "dropinNotYaml": "must end in .yaml",
+    "dropinNotYaml": "must end in .yaml or .yml",
+    "noEtcd": "runs no etcd",
+    "renamedServiceAccount": "kube-system/regrade-prod is not the one deploy/rbac.yaml creates",
+    "renamedNamespace": "regrade/regrade is not the one deploy/rbac.yaml creates",
+    "disableAgent": "disableAgent = true",
 }
 for case, needle in want.items():
     msgs = d["misconfigured"][case]
-    check(len(msgs) == 1 and needle in msgs[0], "assertion %s fails alone" % case)
-    for m in msgs:
+    check(isinstance(msgs, list) and len(msgs) == 1 and needle in msgs[0], "assertion %s fails alone" % case)
+    for m in msgs if isinstance(msgs, list) else [msgs]:
         print("       message: " + m)
 
 vm = d["vm"]
@@ -77,7 +165,6 @@ check(vm["server1"]["settings"]["cluster"]["api_servers"] == ["https://192.168.1
 check(vm["server2K3s"] == {"clusterInit": False, "serverAddr": "https://192.168.1.1:6443"}, "VM test server2 joins server1")
 check(vm["specialisationOff"] == {"regradeUnit": False, "preSwitchCheck": True, "k3sUnchanged": True}, "VM test's no-regrade specialisation: no regrade.service, the check, k3s.service unchanged")
 
-open(tmp + "/precheck.sh", "w").write(dis["preSwitchChecks"]["regrade-not-below-full"])
 open(tmp + "/credentials.sh", "w").write(en["credentialsScript"])
 
 def toml_value(v):
@@ -104,6 +191,9 @@ def toml(d, prefix=""):
     return "\n".join(lines)
 open(tmp + "/generated.toml", "w").write(toml(en["settings"]) + "\n")
 open(tmp + "/vm-server1.toml", "w").write(toml(vm["server1"]["settings"]) + "\n")
+import os
+if os.path.exists(tmp + "/minilib-result"):
+    fail.append("minilib")
 open(tmp + "/result", "w").write("fail" if fail else "ok")
 PY
 
@@ -111,35 +201,8 @@ bash -n "$tmp/credentials.sh"
 grep -q '^apiVersion: v1$' "$tmp/credentials.sh" && grep -q '^EOF$' "$tmp/credentials.sh"
 echo "ok   regrade-credentials script: bash -n clean, kubeconfig heredoc unindented"
 
-# The pre-switch check, run as switch-to-configuration runs it: in a subshell, with the
-# new system's path and the action as arguments.
-precheck() {
-  local action="$1"
-  (bash -c "set -e; ( $(cat "$tmp/precheck.sh") )" precheck /nix/store/new-system "$action") 2>"$tmp/precheck.err"
-}
-mkdir -p "$tmp/k3s/config.yaml.d"
-expect() {
-  local want="$1" what="$2" action="$3"
-  if precheck "$action"; then got=pass; else got=refuse; fi
-  if [ "$got" = "$want" ]; then echo "ok   pre-switch check ($action): $what -> $got"; else echo "FAIL pre-switch check ($action): $what -> $got, wanted $want"; echo fail >"$tmp/result"; fi
-}
-expect pass "no record, no drop-in" switch
-echo full >"$tmp/k3s/started-level"
-expect pass "record says full" switch
-echo etcd-only >"$tmp/k3s/started-level"
-expect refuse "record says etcd-only" switch
-sed 's/^/       /' "$tmp/precheck.err"
-expect refuse "record says etcd-only" boot
-expect pass "record says etcd-only" dry-activate
-echo full >"$tmp/k3s/started-level"
-echo '{"pid":1,"level":"full","dry_run":false}' >"$tmp/k3s/state.json"
-expect pass "record and daemon state say full" switch
-echo '{"pid":1,"level":"control-plane","dry_run":false}' >"$tmp/k3s/state.json"
-expect refuse "daemon state says control-plane (no restart, record says full)" switch
-sed 's/^/       /' "$tmp/precheck.err"
-echo '{"pid":1,"level":"full","dry_run":false}' >"$tmp/k3s/state.json"
-echo 'disable-apiserver: true' >"$tmp/k3s/config.yaml.d/50-regrade.yaml"
-expect refuse "drop-in in place" test
+# The pre-switch check itself runs in tests/nixos/pre-switch-check-test.sh (lint.sh runs
+# it, with or without a lib checkout); above, its text was shown to be the module's.
 
 if [ -n "$regrade" ]; then
   for f in generated vm-server1; do

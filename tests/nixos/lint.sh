@@ -6,7 +6,9 @@
 #   - the settings the VM test gives regrade (tests/nixos/vm-settings.toml) pass
 #     `regrade check-config` with the binary built from this tree;
 #   - deploy/rbac.yaml has the ServiceAccount the module mints a token for;
-#   - with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), tests/nixos/eval-module.sh.
+#   - the switch-time check, run as NixOS runs it (tests/nixos/pre-switch-check-test.sh);
+#   - tests/nixos/eval-module.sh: the module evaluated with the module system, nixpkgs'
+#     lib with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), else tests/nixos/minilib.nix.
 # Tools go to ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint, outside the repo.
 # Env: REGRADE_BIN (a built regrade; default: cargo build, target/debug/regrade).
 set -euo pipefail
@@ -19,6 +21,10 @@ export PATH="$bin:$PATH"
 
 if ! command -v nix-instantiate >/dev/null; then
   apt-get install -y nix-bin || { apt-get update && apt-get install -y nix-bin; }
+fi
+# writeShellApplication runs shellcheck on the pre-switch checks; so does pre-switch-check-test.sh.
+if ! command -v shellcheck >/dev/null; then
+  apt-get install -y shellcheck || { apt-get update && apt-get install -y shellcheck; }
 fi
 if ! "$bin/deadnix" --version 2>/dev/null | grep -q '1\.3\.1'; then
   cargo install --locked --version 1.3.1 --root "$cache" --target-dir "$cache/target" deadnix
@@ -74,5 +80,8 @@ else
   echo "lint: deploy/rbac.yaml is missing; nixos/module.nix installs it through services.k3s.manifests" >&2
   exit 1
 fi
+
+# The switch-time check as switch-to-configuration runs it: needs no nixpkgs.
+bash "$here/pre-switch-check-test.sh"
 
 bash "$here/eval-module.sh" "${NIXPKGS_LIB:-}" "$regrade"

@@ -2,15 +2,13 @@
 //! which level a file on disk stands for, and replacing or removing it atomically.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io;
 use std::path::Path;
 
 use anyhow::Context;
 
-use crate::config::{FlagValue, LevelsConfig};
 use crate::fsutil;
 use crate::level::Level;
+use crate::levels::{FlagValue, LevelsConfig};
 
 /// The comment line that names the level a drop-in was written for. k3s ignores
 /// comments; `record-start` and the start-up check read it back.
@@ -93,10 +91,10 @@ fn yaml_str(s: &str) -> String {
 
 /// Reads the drop-in at `path` and says which level it stands for.
 pub fn read(path: &Path, levels: &LevelsConfig) -> anyhow::Result<Dropin> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Dropin::Absent),
-        Err(e) => return Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
+    let Some(text) =
+        fsutil::read_string_if_exists(path).with_context(|| format!("reading the k3s drop-in {}", path.display()))?
+    else {
+        return Ok(Dropin::Absent);
     };
     let claimed = text.lines().find_map(|l| l.strip_prefix(LEVEL_MARK)).and_then(|l| l.trim().parse::<Level>().ok());
     Ok(match claimed {
@@ -107,11 +105,7 @@ pub fn read(path: &Path, levels: &LevelsConfig) -> anyhow::Result<Dropin> {
 
 /// The raw bytes at `path` (to put back after a failed step), `None` when absent.
 pub fn snapshot(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the k3s drop-in {}", path.display())),
-    }
+    fsutil::read_if_exists(path).with_context(|| format!("reading the k3s drop-in {}", path.display()))
 }
 
 /// Makes `path` hold `content` (or not exist, for `None`), so that k3s sees either
@@ -128,6 +122,7 @@ pub fn put(path: &Path, content: Option<&[u8]>) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use crate::config::Config;
+    use std::fs;
 
     fn levels(toml: &str) -> LevelsConfig {
         Config::parse(toml).unwrap().levels

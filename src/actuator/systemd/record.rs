@@ -1,8 +1,6 @@
 //! The record of the level k3s was started at (or, after a step that needed no
 //! restart, runs at now), under `/run` so a reboot forgets it while the drop-in stays.
 
-use std::fs;
-use std::io;
 use std::path::Path;
 
 use anyhow::Context;
@@ -13,11 +11,9 @@ use crate::level::Level;
 /// The recorded level; `None` when there is no record (k3s not started through the
 /// hook since boot).
 pub fn read(path: &Path) -> anyhow::Result<Option<Level>> {
-    match fs::read_to_string(path) {
-        Ok(s) => s.trim().parse().map(Some).map_err(|e| anyhow::anyhow!("the level record {}: {e}", path.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the level record {}", path.display())),
-    }
+    let text =
+        fsutil::read_string_if_exists(path).with_context(|| format!("reading the level record {}", path.display()))?;
+    text.map(|s| s.trim().parse().map_err(|e| anyhow::anyhow!("the level record {}: {e}", path.display()))).transpose()
 }
 
 /// Replaces the record whole (see [`crate::fsutil`]), creating its directory. World
@@ -30,6 +26,7 @@ pub fn write(path: &Path, level: Level) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn round_trips_and_names_the_file_when_garbled() {

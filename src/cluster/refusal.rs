@@ -1,0 +1,106 @@
+//! Why a step may not run now, as a value. A refused step changes no state
+//! (docs/behaviour.md, "Decision rules" and "Coordination").
+
+use std::fmt;
+
+/// The machine-readable cause of a refusal. [`RefusalKind::as_str`] is what goes into
+/// the journal, the state file (`refusal.kind`), `status --json` and the Node's Event:
+/// those strings are a contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefusalKind {
+    /// Another server (or a hand step) holds the Lease, or took it at the same moment.
+    LeaseHeld,
+    /// A peer etcd voter is not Ready: no fresh node Lease, Ready not True, or
+    /// `EtcdIsVoter` False.
+    PeerNotReady,
+    /// A peer carries the level label: it is stepped down itself (steps down only).
+    PeerSteppedDown,
+    /// No API endpoint answered.
+    ApiUnreachable,
+    /// An API call answered with an error (RBAC, a server error), or the Node's marks
+    /// could not be set before anything had changed.
+    ApiError,
+    /// A NixOS switch that turns regrade off holds steps until regrade.service stops
+    /// (the hold file, `crate::hold`).
+    SwitchHold,
+}
+
+impl RefusalKind {
+    pub const ALL: [RefusalKind; 6] = [
+        RefusalKind::LeaseHeld,
+        RefusalKind::PeerNotReady,
+        RefusalKind::PeerSteppedDown,
+        RefusalKind::ApiUnreachable,
+        RefusalKind::ApiError,
+        RefusalKind::SwitchHold,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::LeaseHeld => "lease-held",
+            RefusalKind::PeerNotReady => "peer-not-ready",
+            RefusalKind::PeerSteppedDown => "peer-stepped-down",
+            RefusalKind::ApiUnreachable => "api-unreachable",
+            RefusalKind::ApiError => "api-error",
+            RefusalKind::SwitchHold => "switch-hold",
+        }
+    }
+}
+
+impl fmt::Display for RefusalKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A kind equals its wire string, so a test or a reader of the state file can compare
+/// with what it reads (`r.kind == "lease-held"`).
+impl PartialEq<&str> for RefusalKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// Why a step may not run now. A refused step changes no state.
+///
+/// `(kind, subject)` identifies the reason: it stays the same from sample to sample
+/// while the reason does, so a change of it is what gets an Event. `message` is for
+/// reading and may change every sample (it carries ages and renew times).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: RefusalKind,
+    /// What the refusal is about, without volatile numbers: the peer's Node name,
+    /// the Lease holder's identity, the endpoints that did not answer, the request
+    /// and status that failed.
+    pub subject: String,
+    /// What an operator reads: names the holder, the peer, the endpoint.
+    pub message: String,
+}
+
+impl Refusal {
+    /// Whether `other` is the same reason (see the type's documentation).
+    pub fn same_reason(&self, other: &Refusal) -> bool {
+        self.kind == other.kind && self.subject == other.subject
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_strings_are_distinct_and_kebab_case() {
+        let names: std::collections::BTreeSet<_> = RefusalKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), RefusalKind::ALL.len());
+        assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '-')));
+        assert_eq!(RefusalKind::LeaseHeld, "lease-held");
+        let r = Refusal { kind: RefusalKind::ApiError, subject: "x".into(), message: "boom".into() };
+        assert_eq!(r.to_string(), "boom (api-error)");
+    }
+}

@@ -1,0 +1,185 @@
+//! The one set of fakes for [`Actuator`], [`Cluster`] and [`NodeReadiness`], for the
+//! unit tests (`cfg(test)`) and the integration tests under `tests/` (the `testing`
+//! feature, which the crate's dev-dependency on itself turns on). Not in a release
+//! build.
+//!
+//! Each fake records what it was asked in a shared [`Log`], so a test can check the
+//! order of effects across the actuator and the cluster.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::actuator::{Actuator, NodeReadiness};
+use crate::cluster::{Cluster, Refusal, StepEvent};
+use crate::decide::Step;
+use crate::level::Level;
+use crate::levels::LevelsConfig;
+
+/// Every call, in order, shared by the fakes that log to it.
+#[derive(Clone, Default)]
+pub struct Log(Rc<RefCell<Vec<String>>>);
+
+impl Log {
+    pub fn push(&self, s: impl Into<String>) {
+        self.0.borrow_mut().push(s.into());
+    }
+
+    pub fn take(&self) -> Vec<String> {
+        self.0.take()
+    }
+}
+
+/// k3s as a level in memory. `level` is shared, so a test can change it behind the
+/// back of whoever holds the actuator (a hand step, as `watch` sees it).
+pub struct FakeActuator {
+    pub level: Rc<Cell<Level>>,
+    /// `apply_level` fails (after logging) and leaves the level as it was.
+    pub fail: bool,
+    /// How long `apply_level` takes (a restart); zero: it yields once, so a Lease
+    /// renewal can run meanwhile.
+    pub apply_takes: Duration,
+    pub log: Log,
+}
+
+impl FakeActuator {
+    pub fn at(level: Level) -> FakeActuator {
+        FakeActuator { level: Rc::new(Cell::new(level)), fail: false, apply_takes: Duration::ZERO, log: Log::default() }
+    }
+
+    pub fn logging_to(mut self, log: &Log) -> FakeActuator {
+        self.log = log.clone();
+        self
+    }
+
+    pub fn failing(mut self) -> FakeActuator {
+        self.fail = true;
+        self
+    }
+
+    pub fn taking(mut self, d: Duration) -> FakeActuator {
+        self.apply_takes = d;
+        self
+    }
+
+    pub fn level(&self) -> Level {
+        self.level.get()
+    }
+}
+
+#[async_trait(?Send)]
+impl Actuator for FakeActuator {
+    fn levels(&self) -> &[Level] {
+        &Level::ALL
+    }
+
+    async fn current_level(&self) -> anyhow::Result<Level> {
+        Ok(self.level.get())
+    }
+
+    async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+        if self.apply_takes.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(self.apply_takes).await;
+        }
+        self.log.push(format!("apply {level}"));
+        if self.fail {
+            anyhow::bail!("restart never became healthy; restored {}", self.level.get());
+        }
+        self.level.set(level);
+        Ok(())
+    }
+}
+
+/// The cluster: refuses with `refuse` (if set) at preflight and acquire, loses the
+/// Lease at once while a step runs (`lose_lease`), fails to mark the Node
+/// (`fail_marks`), and reports `node_level` as the Node's label.
+pub struct FakeCluster {
+    pub refuse: Option<Refusal>,
+    pub lose_lease: bool,
+    pub fail_marks: bool,
+    /// What `node_level` answers; `Err`: the message of an unreadable Node.
+    pub node_level: Result<Option<Level>, String>,
+    pub log: Log,
+}
+
+impl Default for FakeCluster {
+    fn default() -> FakeCluster {
+        FakeCluster { refuse: None, lose_lease: false, fail_marks: false, node_level: Ok(None), log: Log::default() }
+    }
+}
+
+impl FakeCluster {
+    pub fn logging_to(log: &Log) -> FakeCluster {
+        FakeCluster { log: log.clone(), ..Default::default() }
+    }
+}
+
+#[async_trait(?Send)]
+impl NodeReadiness for FakeCluster {
+    async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait(?Send)]
+impl Cluster for FakeCluster {
+    async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
+        self.log.push("preflight");
+        self.refuse.clone().map_or(Ok(()), Err)
+    }
+
+    async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
+        self.log.push("acquire");
+        self.refuse.clone().map_or(Ok(()), Err)
+    }
+
+    async fn hold(&self) -> anyhow::Error {
+        if self.lose_lease {
+            self.log.push("lease lost");
+            return anyhow::anyhow!("lease taken by server-2");
+        }
+        std::future::pending().await
+    }
+
+    async fn release(&self) {
+        self.log.push("release");
+    }
+
+    async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
+        self.log.push(format!("mark {level}"));
+        if self.fail_marks {
+            anyhow::bail!("503 from every endpoint");
+        }
+        Ok(())
+    }
+
+    async fn node_level(&self) -> anyhow::Result<Option<Level>> {
+        self.node_level.clone().map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    async fn record(&self, e: StepEvent<'_>) {
+        self.log.push(match e {
+            StepEvent::Done(_) => "event done",
+            StepEvent::Failed(..) => "event failed",
+            StepEvent::Refused(..) => "event refused",
+        });
+    }
+}
+
+/// Stands in for the cluster's readiness wait in the actuator tests (the wait itself is
+/// tested against a real API server in tests/cluster_node.rs, and end to end): records
+/// the restart time each wait was asked for.
+#[derive(Default)]
+pub struct Readiness(pub RefCell<Vec<SystemTime>>);
+
+#[async_trait(?Send)]
+impl NodeReadiness for Readiness {
+    async fn wait_ready_since(&self, since: SystemTime, _timeout: Duration) -> anyhow::Result<()> {
+        self.0.borrow_mut().push(since);
+        Ok(())
+    }
+}

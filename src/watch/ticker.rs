@@ -1,0 +1,187 @@
+//! The per-sample work of `watch`: sample, classify, update the core, tell systemd,
+//! publish the state when it changed; and feeding a step's outcome back. A calm sample
+//! allocates nothing and makes no API request (tests/alloc_per_sample.rs,
+//! tests/bench_idle_api.rs).
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use super::Mode;
+use crate::config::Config;
+use crate::decide::{Reading, Settings, State, Step};
+use crate::level::Level;
+use crate::metrics::METRICS;
+use crate::notify::Notifier;
+use crate::pressure::{SampleError, Sampler};
+use crate::statefile::{self, LastStep, Published, PublishedRefusal};
+use crate::step::Outcome;
+
+/// The per-sample work: sample, classify, update the core, tell systemd, publish the
+/// state when it changed. Allocates nothing on a sample that proposes no step.
+pub struct Ticker {
+    sampler: Sampler,
+    settings: Settings,
+    levels: Vec<Level>,
+    pub state: State,
+    pub(super) notifier: Notifier,
+    published: Published,
+    /// `None` in a dry run: it must not overwrite the state a real `watch` publishes.
+    state_file: Option<PathBuf>,
+    /// Samples that parsed; READY waits for the first.
+    pub good_samples: u64,
+    /// Set when a step ran or was refused, so the next publish writes the file.
+    dirty: bool,
+    /// The last sample's reading, to log each change of it.
+    last_reading: Option<Reading>,
+    wall_origin: SystemTime,
+}
+
+impl Ticker {
+    pub fn new(cfg: &Config, sampler: Sampler, levels: Vec<Level>, level: Level, mode: Mode) -> Ticker {
+        let dry_run = mode == Mode::DryRun;
+        Ticker {
+            sampler,
+            settings: cfg.core_settings(),
+            levels,
+            state: State::new(level),
+            notifier: Notifier::from_env(),
+            published: Published { pid: std::process::id(), dry_run, ..Default::default() },
+            state_file: (!dry_run).then(|| cfg.state_file.clone()),
+            good_samples: 0,
+            dirty: true,
+            last_reading: None,
+            wall_origin: SystemTime::now(),
+        }
+    }
+
+    /// One sample at `t` (time since the watcher started). Returns the step the core
+    /// proposes; a fatal error (no PSI) ends `watch`.
+    pub fn tick(&mut self, t: Duration) -> Result<Option<Step>, SampleError> {
+        let sample = match self.sampler.sample() {
+            Ok(s) => s,
+            Err(e) if e.is_fatal() => {
+                METRICS.sample_failed();
+                return Err(e);
+            }
+            Err(e) => {
+                METRICS.sample_failed();
+                tracing::warn!(error = %e, "sample failed; trying again next period");
+                return Ok(None);
+            }
+        };
+        self.good_samples += 1;
+        let reading = self.settings.classify(&sample);
+        let pressure = sample.metric(self.settings.metric);
+        let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
+        METRICS.sampled(&sample, reading);
+        if proposed.is_none() && self.published.refusal.is_some() {
+            // Nothing is being refused any more (the streak ended or the step ran).
+            self.published.refusal = None;
+            self.dirty = true;
+        }
+        self.notifier.status(format_args!(
+            "level {}, {} {:.2}%, MemAvailable {} MiB",
+            self.state.level,
+            self.settings.metric.as_str(),
+            pressure,
+            sample.mem_available >> 20
+        ));
+        self.notifier.watchdog();
+        tracing::debug!(level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(), "sample");
+        if self.last_reading != Some(reading) {
+            // Each change of reading, not each sample: what a newcomer trying
+            // `watch --dry-run` needs to see it work, and what the journal needs to
+            // explain a step. Allocates (the log line), but only on a change.
+            let was = self.last_reading.map_or("none", Reading::as_str);
+            self.last_reading = Some(reading);
+            tracing::info!(
+                level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(),
+                "reading now {} (was {was}): {} {pressure:.2}%, MemAvailable {} MiB",
+                reading.as_str(), self.settings.metric.as_str(), sample.mem_available >> 20
+            );
+        }
+        if let Some(step) = &proposed {
+            tracing::info!(
+                level = %step.from, to = %step.to, pressure, available = sample.mem_available,
+                decision = step.direction.action(), "stepping"
+            );
+        }
+        self.publish();
+        Ok(proposed)
+    }
+
+    /// Feeds a step's outcome back to the core and the published state. Returns true
+    /// for a refusal whose reason is new, which is worth an Event.
+    pub(super) fn settle(&mut self, t: Duration, step: &Step, outcome: &Outcome) -> bool {
+        let now = statefile::unix(SystemTime::now());
+        let level = match outcome {
+            Outcome::Refused(r) => {
+                // Logged and recorded as an Event only when the reason changes.
+                // By (kind, subject): the message carries ages that change every sample.
+                let changed =
+                    self.published.refusal.as_ref().is_none_or(|p| p.kind != r.kind.as_str() || p.subject != r.subject);
+                if !changed {
+                    return false;
+                }
+                tracing::warn!(kind = r.kind.as_str(), reason = %r.message, decision = step.direction.action(), "step refused");
+                self.published.refusal = Some(PublishedRefusal {
+                    since: now,
+                    kind: r.kind.as_str().to_string(),
+                    subject: r.subject.clone(),
+                    message: r.message.clone(),
+                });
+                self.dirty = true;
+                self.publish();
+                return true;
+            }
+            Outcome::Done => {
+                tracing::info!(level = %step.to, decision = step.direction.action(), "step done");
+                step.to
+            }
+            Outcome::Failed { level, error } => {
+                tracing::error!(level = %level, error = %format!("{error:#}"), decision = step.direction.action(), "step failed");
+                *level
+            }
+        };
+        self.state.step_ran(t, level);
+        self.published.refusal = None;
+        self.published.last_step = Some(LastStep {
+            at: statefile::unix(self.wall_origin + t),
+            action: step.direction.action().to_string(),
+            from: step.from,
+            to: step.to,
+            result: match outcome {
+                Outcome::Failed { error, .. } => format!("failed: {error:#}"),
+                _ => "done".to_string(),
+            },
+        });
+        self.dirty = true;
+        self.publish();
+        false
+    }
+
+    /// Publishes the step about to start (or, `None`, that none is), at once.
+    pub(super) fn set_stepping(&mut self, to: Option<Level>) {
+        self.published.stepping = to;
+        self.mark_dirty();
+    }
+
+    /// Makes the next publish write the state file.
+    pub(super) fn mark_dirty(&mut self) {
+        self.dirty = true;
+        self.publish();
+    }
+
+    /// Writes the state file when it changed (never on an unchanged calm sample).
+    fn publish(&mut self) {
+        METRICS.set_level(self.state.level);
+        let changed = self.published.set_state(&self.state, self.wall_origin);
+        if changed || self.dirty {
+            self.dirty = false;
+            let Some(path) = &self.state_file else { return };
+            if let Err(e) = self.published.write(path) {
+                tracing::warn!(error = %e, path = %path.display(), "could not write the state file");
+            }
+        }
+    }
+}
