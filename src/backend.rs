@@ -6,18 +6,22 @@ use crate::actuator::dry_run::DryRun;
 use crate::actuator::Actuator;
 use crate::cluster::{AlwaysFree, Cluster};
 use crate::config::Config;
+use crate::etcd::restart::LazyEtcdGate;
+use crate::etcd::{NoRestartGate, RestartGate};
 use crate::level::Level;
 
 pub struct Backend {
     pub actuator: Box<dyn Actuator>,
     pub cluster: Box<dyn Cluster>,
+    /// Asked before and after every restart of k3s (`[etcd]`).
+    pub etcd: Box<dyn RestartGate>,
 }
 
 /// The real actuator and cluster, as this build and the configuration choose.
 pub async fn real(cfg: &Config) -> anyhow::Result<Backend> {
     let actuator = actuator(cfg)?;
     let cluster = cluster(cfg).await?;
-    Ok(Backend { actuator, cluster })
+    Ok(Backend { actuator, cluster, etcd: etcd(cfg) })
 }
 
 /// A dry run starts where the real actuator says k3s is, and changes nothing.
@@ -26,7 +30,12 @@ pub async fn dry_run(cfg: &Config) -> Backend {
         Ok(a) => a.current_level().await.unwrap_or(Level::Full),
         Err(_) => Level::Full,
     };
-    Backend { actuator: Box::new(DryRun::new(level)), cluster: Box::new(AlwaysFree) }
+    Backend { actuator: Box::new(DryRun::new(level)), cluster: Box::new(AlwaysFree), etcd: Box::new(NoRestartGate) }
+}
+
+/// etcd as `[etcd]` configures it. Reads its certificates when first asked.
+pub fn etcd(cfg: &Config) -> Box<dyn RestartGate> {
+    Box::new(LazyEtcdGate::new(&cfg.etcd))
 }
 
 /// The Kubernetes API as `[cluster]` configures it. Connects nowhere until first used.

@@ -33,6 +33,8 @@ pub struct Config {
     pub pressure: PressureConfig,
     pub levels: LevelsConfig,
     pub cluster: crate::cluster::ClusterConfig,
+    /// `[etcd]`: the etcd gate before and after a restart of k3s.
+    pub etcd: crate::etcd::EtcdConfig,
     pub systemd: SystemdConfig,
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
@@ -47,6 +49,7 @@ impl Default for Config {
             pressure: PressureConfig::default(),
             levels: LevelsConfig::default(),
             cluster: Default::default(),
+            etcd: Default::default(),
             systemd: Default::default(),
             #[cfg(feature = "docker")]
             docker: Default::default(),
@@ -109,6 +112,7 @@ impl Config {
             }
         }
         self.cluster.validate()?;
+        self.etcd.validate()?;
         self.systemd.validate()?;
         #[cfg(feature = "docker")]
         self.docker.validate()?;

@@ -28,7 +28,7 @@ pub enum StepTarget {
 /// `regrade step up|down|to LEVEL`: the same Lease and peer check, never reads PSI.
 pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
-        let Backend { mut actuator, cluster } = backend::real(cfg).await?;
+        let Backend { mut actuator, cluster, etcd } = backend::real(cfg).await?;
         let levels = actuator.levels().to_vec();
         loop {
             let current = actuator.current_level().await?;
@@ -40,7 +40,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 }
             };
             println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
-            match step::run(&step, actuator.as_mut(), cluster.as_ref(), &cfg.levels).await {
+            match step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels).await {
                 Outcome::Done => println!("now at {}", step.to),
                 Outcome::Refused(r) => {
                     cluster.record(StepEvent::Refused(&step, &r)).await;

@@ -17,6 +17,7 @@ pub mod decide;
 // The edges, each owning its configuration section.
 pub mod actuator;
 pub mod cluster;
+pub mod etcd;
 pub mod fsutil;
 pub mod hold;
 pub mod metrics;

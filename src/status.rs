@@ -40,6 +40,29 @@ pub struct Status {
     pub would_refuse: Option<String>,
     /// k3s's start record and the actuator's file disagree (`watch` converges at start).
     pub disagreement: Option<String>,
+    /// The etcd members as regrade sees them (the etcd gate's view, asked now).
+    pub etcd: EtcdStatus,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct EtcdStatus {
+    pub members: Vec<MemberStatus>,
+    /// Why etcd could not be asked.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberStatus {
+    /// etcd's member name (`<node>-<8 hex>`); empty for a member not started yet.
+    pub name: String,
+    pub node: String,
+    /// The member ID, hex, as `etcdctl member list` writes it.
+    pub id: String,
+    pub voter: bool,
+    /// This server's own member.
+    pub this: bool,
+    /// `ok`, or why the gate would not count it healthy.
+    pub health: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,9 +94,32 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             let at = at.as_secs_f64();
             Some((step, NextStep { action: step.direction.action(), to: step.to, at, in_seconds: (at - now).max(0.0) }))
         });
+        let gate = backend::etcd(cfg);
         let would_refuse = match &next_step {
-            Some((step, _)) => preflight(cfg, step).await,
+            Some((step, _)) => match preflight(cfg, step).await {
+                None if cfg.levels.needs_restart(step.from, step.to) => {
+                    gate.before_restart().await.err().map(|r| r.to_string())
+                }
+                other => other,
+            },
             None => None,
+        };
+        let etcd = match gate.members().await {
+            Ok(ms) => EtcdStatus {
+                members: ms
+                    .into_iter()
+                    .map(|m| MemberStatus {
+                        name: m.member.name,
+                        node: m.member.node,
+                        id: format!("{:x}", m.member.id),
+                        voter: m.voter,
+                        this: m.this,
+                        health: m.health.map_or_else(|r| r.to_string(), |()| "ok".into()),
+                    })
+                    .collect(),
+                error: None,
+            },
+            Err(e) => EtcdStatus { members: Vec::new(), error: Some(format!("{e:#}")) },
         };
         Status {
             level,
@@ -94,6 +140,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             refusal: published.as_ref().and_then(|p| p.refusal.clone()),
             would_refuse,
             disagreement,
+            etcd,
         }
     });
     if json {
@@ -165,6 +212,21 @@ pub fn render(s: &Status, now: f64) -> String {
     }
     if let Some(d) = &s.disagreement {
         o += &format!("disagreement:   {d}\n");
+    }
+    if let Some(e) = &s.etcd.error {
+        o += &format!("etcd:           not asked: {e}\n");
+    }
+    for (i, m) in s.etcd.members.iter().enumerate() {
+        let head = if i == 0 { "etcd members:" } else { "" };
+        let name =
+            if m.name.is_empty() { format!("{} (not started)", m.id) } else { format!("{} (Node {})", m.name, m.node) };
+        let role = match (m.voter, m.this) {
+            (true, true) => "voter, this server",
+            (true, false) => "voter",
+            (false, true) => "learner, this server",
+            (false, false) => "learner",
+        };
+        o += &format!("{head:<16}{name}, {role}: {}\n", m.health);
     }
     o
 }

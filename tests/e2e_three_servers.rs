@@ -1,8 +1,10 @@
 //! Three k3s servers end to end on this machine (issue 7): the twin of the NixOS VM
 //! test nixos/tests/three-servers.nix. Each server is a Debian booted in systemd-nspawn
-//! (real systemd and D-Bus; tests/nspawn/container.sh) on its own loopback address
-//! 127.0.0.11–13, running the k3s stand-in as k3s.service (one member of a real
-//! three-member etcd, a real kube-apiserver, the agent's Node and node Lease) and the
+//! (real systemd and D-Bus; tests/nspawn/container.sh) in a network namespace of its
+//! own (tests/e2e/netns.sh: 10.213.7.11–13, joined by a bridge in a hub namespace this
+//! test runs in), running the k3s stand-in as k3s.service (one member of a real
+//! three-member etcd with TLS and client-cert auth as k3s runs it, a real
+//! kube-apiserver, the agent's Node and node Lease) and the
 //! real regrade.service from packaging/systemd/, configured by tests/e2e/regrade.toml.
 //! Pressure comes from fixture files this test writes into each container; it observes
 //! through the API, the containers' files, `regrade status --json` run inside, and
@@ -13,7 +15,7 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,7 +41,54 @@ fn repo(p: &str) -> PathBuf {
 }
 
 fn addr(n: usize) -> String {
-    format!("127.0.0.1{n}")
+    format!("10.213.7.1{n}")
+}
+
+/// The network namespace server `n` runs in (tests/e2e/netns.sh).
+fn netns(n: usize) -> String {
+    format!("regrade-e2e-s{n}")
+}
+
+/// Moves the calling thread (and the threads and processes it starts from now on) into
+/// the network namespace `name`.
+fn enter_netns(name: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{name}")).unwrap_or_else(|e| panic!("netns {name}: {e}"));
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns on a namespace file this test made; affects only this thread.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {name}: {}", std::io::Error::last_os_error());
+}
+
+/// Runs `f` on a thread inside server `n`'s network namespace (its 127.0.0.1).
+fn in_netns<T: Send + 'static>(n: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        enter_netns(&netns(n));
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+fn netns_sh(args: &[&str]) {
+    let st = Command::new(repo("tests/e2e/netns.sh")).args(args).status().unwrap();
+    assert!(st.success(), "tests/e2e/netns.sh {args:?}");
+}
+
+/// The rig's network namespaces; removed when the test ends (after the containers).
+struct Network;
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        let _ = Command::new(repo("tests/e2e/netns.sh")).arg("down").status();
+    }
+}
+
+/// The etcd member names of this run, k3s-style `server<N>-<8 hex>`.
+fn member_names() -> Vec<String> {
+    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 ^ u64::from(std::process::id());
+    (1..=3u64)
+        .map(|n| format!("server{n}-{:08x}", (seed.wrapping_mul(0x9e3779b97f4a7c15).rotate_left(n as u32 * 13)) as u32))
+        .collect()
 }
 
 fn api_url(n: usize) -> String {
@@ -120,6 +169,15 @@ impl Server {
         })
     }
 
+    /// Runs `args` inside; (success, stdout + stderr), without asserting.
+    fn try_exec(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("nsenter").args(["-t", self.c.var("PID"), "-a"]).args(args).output().unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    }
+
     fn systemctl(&self, args: &[&str]) -> String {
         let mut a = vec!["systemctl"];
         a.extend_from_slice(args);
@@ -165,39 +223,42 @@ impl Server {
         assert_eq!(unsafe { libc::kill(pids[0], sig) }, 0, "kill {sig} {}", pids[0]);
     }
 
+    /// etcd's /health, where k3s serves it: 127.0.0.1:2381 in the server's namespace.
     fn healthy(&self) -> bool {
-        common::nspawn::health_ok(&format!("http://{}:2381/health", addr(self.n)))
+        in_netns(self.n, || common::nspawn::health_ok("http://127.0.0.1:2381/health"))
     }
 
     fn standin_pid(&self) -> i64 {
         self.c.standin_flags()["pid"].as_i64().unwrap()
     }
 
-    /// etcd's member list, through this server's etcd client URL (the JSON gateway).
-    fn etcd_members(&self) -> Vec<Value> {
-        let body = "{}";
-        let a = format!("{}:2379", addr(self.n));
-        let mut s = TcpStream::connect(&a).unwrap_or_else(|e| panic!("etcd at {a}: {e}"));
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            s,
-            "POST /v3/cluster/member/list HTTP/1.0\r\nHost: {a}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        let (_, json) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("etcd at {a} answered {text:?}"));
-        let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd at {a} answered {json:?}: {e}"));
-        v["members"].as_array().cloned().unwrap_or_default()
+    /// etcd's member list, through this server's etcd client URL (the JSON gateway over
+    /// TLS with k3s's client certificate, as regrade reads it).
+    fn etcd_members(&self) -> Vec<regrade::etcd::client::Member> {
+        let tls = PathBuf::from(self.c.var("ROOT")).join("var/lib/rancher/k3s/server/tls/etcd");
+        let cfg = regrade::etcd::EtcdConfig {
+            ca_file: tls.join("server-ca.crt"),
+            cert_file: tls.join("client.crt"),
+            key_file: tls.join("client.key"),
+            ..Default::default()
+        };
+        let url = format!("https://{}:2379", addr(self.n));
+        // Its own thread and runtime: called from inside the scenario's runtime.
+        std::thread::spawn(move || {
+            let client = regrade::etcd::client::EtcdClient::new(&cfg).unwrap();
+            let ep = regrade::etcd::client::Endpoint::parse(&url).unwrap();
+            common::block_on(client.member_list(&ep)).unwrap_or_else(|e| panic!("etcd at {url}: {e:#}")).members
+        })
+        .join()
+        .unwrap()
     }
 
-    fn member_id(&self, of: &str) -> String {
+    fn member_id(&self, of: &str) -> u64 {
         let members = self.etcd_members();
-        let ids: Vec<_> = members.iter().filter(|m| m["name"] == of).map(|m| m["ID"].to_string()).collect();
+        let ids: Vec<_> =
+            members.iter().filter(|m| regrade::etcd::judge::node_of(&m.name) == of).map(|m| m.id).collect();
         assert_eq!(ids.len(), 1, "etcd members of {of} seen through {}: {members:?}", self.name);
-        ids[0].clone()
+        ids[0]
     }
 
     /// regrade's journal as (unix seconds, message, fields).
@@ -222,11 +283,12 @@ fn field<'a>(v: &'a Value, name: &str) -> &'a str {
 /// The milestones of every step that ran on `s` (from regrade's journal), with the
 /// time each phase took. Refused steps (retried every sample) are left out.
 fn timeline(s: &Server, origin: f64) -> String {
-    const MILESTONES: [(&str, &str); 7] = [
+    const MILESTONES: [(&str, &str); 8] = [
         ("step failed; restoring", "k3s failed; restoring"),
         ("restarted k3s", "restart of k3s.service"),
         ("etcd is healthy after the restart", "etcd healthy"),
         ("the Node is Ready on a heartbeat newer", "Node Ready"),
+        ("this etcd member is back and caught up", "etcd member caught up"),
         ("released the Lease", "Lease released"),
         ("step done", "step done"),
         ("step failed", "STEP FAILED"),
@@ -391,7 +453,7 @@ impl Poller {
 
 /// The seeds of server `n`: its k3s config and certificates (ETC), its regrade.toml,
 /// calm fixture files and regrade.service enabled (root).
-fn seed(tmp: &Path, certs: &Path, n: usize) -> (PathBuf, PathBuf) {
+fn seed(tmp: &Path, certs: &Path, names: &[String], n: usize) -> (PathBuf, PathBuf) {
     let others: Vec<usize> = (1..=3).filter(|&m| m != n).collect();
     let etc = tmp.join(format!("seed{n}/etc"));
     let root = tmp.join(format!("seed{n}/root"));
@@ -404,8 +466,17 @@ fn seed(tmp: &Path, certs: &Path, n: usize) -> (PathBuf, PathBuf) {
     }
     let servers: String = others.iter().map(|&m| format!("  - {}\n", api_url(m))).collect();
     let k3s = std::fs::read_to_string(repo("tests/e2e/k3s-config.yaml")).unwrap();
-    std::fs::write(etc.join("config.yaml"), k3s.replace("@N@", &n.to_string()).replace("@SERVERS@\n", &servers))
-        .unwrap();
+    let cluster: Vec<String> = (1..=3).map(|m| format!("{}=https://{}:2380", names[m - 1], addr(m))).collect();
+    let k3s =
+        k3s.replace("@N@", &n.to_string()).replace("@SERVERS@\n", &servers).replace("@CLUSTER@", &cluster.join(","));
+    std::fs::write(etc.join("config.yaml"), k3s).unwrap();
+    // etcd's CAs, shared (k3s hands them to a joining server in its bootstrap data); each
+    // stand-in makes its own serving, peer and client certificates from them.
+    let etcd_tls = root.join("var/lib/rancher/k3s/server/tls/etcd");
+    std::fs::create_dir_all(&etcd_tls).unwrap();
+    for f in ["server-ca.crt", "server-ca.key", "peer-ca.crt", "peer-ca.key"] {
+        std::fs::copy(tmp.join("etcd-ca").join(f), etcd_tls.join(f)).unwrap();
+    }
     let api_servers = others.iter().map(|&m| format!("{:?}", api_url(m))).collect::<Vec<_>>().join(", ");
     let toml = std::fs::read_to_string(repo("tests/e2e/regrade.toml")).unwrap();
     std::fs::create_dir_all(root.join("etc/regrade")).unwrap();
@@ -468,7 +539,39 @@ fn three_servers_end_to_end() {
     assert!(build.status.success(), "tests/rig/build.sh failed");
     let bin = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().unwrap().trim());
 
+    // The rootfs too is made (or found) before the test leaves the host's network.
+    let rootfs = Command::new(repo("tests/nspawn/rootfs.sh")).stderr(std::process::Stdio::inherit()).output().unwrap();
+    assert!(rootfs.status.success(), "tests/nspawn/rootfs.sh failed");
+    netns_sh(&["up"]);
+    let network = Network;
+    enter_netns("regrade-e2e-hub");
+
     let tmp = tempfile::tempdir().unwrap();
+    let etcd_ca = tmp.path().join("etcd-ca");
+    std::fs::create_dir_all(&etcd_ca).unwrap();
+    for ca in ["server-ca", "peer-ca"] {
+        run(
+            Path::new("openssl"),
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-keyout",
+                etcd_ca.join(format!("{ca}.key")).to_str().unwrap(),
+                "-out",
+                etcd_ca.join(format!("{ca}.crt")).to_str().unwrap(),
+                "-subj",
+                &format!("/CN=etcd-{ca}"),
+            ],
+        );
+    }
+    let names = member_names();
     let certs = tmp.path().join("certs");
     run(
         &bin.join("harness"),
@@ -487,11 +590,12 @@ fn three_servers_end_to_end() {
     );
     let specs: Vec<(String, Vec<(&str, String)>)> = (1..=3)
         .map(|n| {
-            let (etc, root) = seed(tmp.path(), &certs, n);
+            let (etc, root) = seed(tmp.path(), &certs, &names, n);
             (
                 format!("e2e-server{n}"),
                 vec![
                     ("REGRADE_NSPAWN_ADDR", addr(n)),
+                    ("REGRADE_NSPAWN_NETNS", netns(n)),
                     ("REGRADE_NSPAWN_API_PORT", "6443".into()),
                     ("REGRADE_NSPAWN_NODE_NAME", format!("server{n}")),
                     ("REGRADE_NSPAWN_SEED_ETC", etc.display().to_string()),
@@ -512,11 +616,14 @@ fn three_servers_end_to_end() {
 
     let api3 = Api3 { kubeconfig: certs.join("admin.kubeconfig") };
     common::block_on(scenario(&api3, &servers, &bin, &certs));
-
     // server2's steps were by hand (`regrade step`), outside the daemon's journal.
     println!("\n== server1's steps (seconds since the containers were up; from regrade.service's journal) ==");
     println!("{}", timeline(&servers[0], origin));
+
+    common::block_on(etcd_gate(&api3, &servers, &bin, &etcd_ca, &names));
     println!("[done] whole scenario in {:.1}s", t_start.elapsed().as_secs_f64());
+    drop(servers);
+    drop(network);
 }
 
 async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
@@ -782,4 +889,321 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     settled(&a2, servers, Duration::from_secs(180), "8d").await;
     assert!(!s1.c.dropin().exists());
     phase(&format!("8d. failed start of k3s: step failed ({}), restored, back to full", last["result"]));
+}
+
+/// A hand step on `s` that the etcd gate must refuse, naming `member` (its etcd name
+/// prefix, e.g. `server3-`) and `reason`: nothing may change (level, drop-in, record),
+/// and the refusal is an Event on the Node naming the member.
+async fn refused_by_etcd(api: &kube::Client, s: &Server, dir: &str, member: &str, reason: &str) -> String {
+    let (level, dropin, record) = (s.level(), s.c.dropin().exists(), s.c.record_text());
+    let (ok, out) = s.try_exec(&["regrade", "step", dir]);
+    assert!(!ok, "regrade step {dir} on {} was not refused: {out}", s.name);
+    assert!(out.contains(member) && out.contains(reason), "refusal names {member} and {reason:?}: {out}");
+    assert_eq!((s.level(), s.c.dropin().exists(), s.c.record_text()), (level, dropin, record), "nothing changed");
+    let t = Instant::now();
+    while !events(api, &s.name, "RegradeRefused").await.iter().any(|m| m.contains(member)) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no RegradeRefused Event on {} naming {member}", s.name);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    out.lines().find(|l| l.contains(member)).unwrap_or(&out).trim().to_string()
+}
+
+/// What today's (node Lease) peer gate sees of `peer`: Ready on a fresh node Lease,
+/// `EtcdIsVoter` not False, no level label. True means that gate lets the step through.
+async fn old_gate_passes(api: &kube::Client, peer: &str) -> bool {
+    let n = node(api, peer).await;
+    let voter_false = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "EtcdIsVoter" && c.status == "False"));
+    node_ready(api, peer).await && !voter_false && label(&n).is_none()
+}
+
+/// Waits until `name`'s Node is Ready on a fresh node Lease (a restarted stand-in
+/// reports Ready=False first, as a restarted kubelet does).
+async fn wait_node_ready(api: &kube::Client, name: &str, within: Duration) {
+    let t = Instant::now();
+    while !node_ready(api, name).await {
+        assert!(t.elapsed() < within, "Node {name} not Ready within {within:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits until the etcd gate on `s` would let a restart through again: every member
+/// healthy (after a fault is healed), seen through `regrade status`.
+fn wait_gate_clear(s: &Server, within: Duration) {
+    wait_for(&format!("{}'s etcd gate clear (regrade status)", s.name), within, || {
+        let st = s.status();
+        st["etcd"]["members"]
+            .as_array()
+            .is_some_and(|ms| !ms.is_empty() && ms.iter().all(|m| m["health"] == "ok"))
+            .then_some(())
+    });
+}
+
+/// 9. The etcd gate (issue 11): faults the node-Lease peer gate cannot see. Each is
+///    shown to pass that gate (the peer's Node Ready on a fresh Lease) and to be refused
+///    by the etcd gate, naming the member, with nothing changed.
+async fn etcd_gate(api3: &Api3, servers: &[Server], bin: &Path, etcd_ca: &Path, names: &[String]) {
+    let [s1, s3] = [&servers[0], &servers[2]];
+    let t0 = Instant::now();
+    let phase = |name: &str| println!("[{:>6.1}s] {name}", t0.elapsed().as_secs_f64());
+    let (a1, a2) = (api3.client(1).await, api3.client(2).await);
+    // Hand steps only: no pressure either way, so the watchers stay put.
+    for s in servers {
+        s.neither();
+    }
+    s1.c.exec(&["regrade", "step", "down"]);
+    assert_eq!(s1.level(), "control-plane");
+    wait_gate_clear(s1, Duration::from_secs(60));
+    phase("9. server1 at control-plane by hand (no restart: the etcd gate is not asked)");
+
+    // 9a. server3's etcd member dies; its agent keeps the Node Ready, the Lease fresh.
+    let knob = s3.c.etc().join("standin-kill-etcd");
+    std::fs::write(&knob, "").unwrap();
+    wait_for("server3's etcd member down", Duration::from_secs(30), || {
+        TcpStream::connect_timeout(&format!("{}:2379", addr(3)).parse().unwrap(), Duration::from_secs(1))
+            .is_err()
+            .then_some(())
+    });
+    tokio::time::sleep(Duration::from_secs(11)).await; // a node Lease renewal since
+    assert!(old_gate_passes(&a2, "server3").await, "server3 passes the node-Lease gate with its etcd dead");
+    let why = refused_by_etcd(&a2, s1, "down", &names[2], "unreachable").await;
+    phase(&format!("9a. server3's etcd killed, its Node Ready on a fresh Lease: step into etcd-only refused: {why}"));
+
+    // ... and out of etcd-only: heal, step down, kill again, step up refused.
+    std::fs::remove_file(&knob).unwrap();
+    s3.systemctl(&["restart", "k3s.service"]);
+    wait_gate_clear(s1, Duration::from_secs(120));
+    wait_node_ready(&a2, "server3", Duration::from_secs(60)).await;
+    s1.c.exec(&["regrade", "step", "down"]);
+    assert_eq!(s1.level(), "etcd-only");
+    std::fs::write(&knob, "").unwrap();
+    wait_for("server3's etcd member down", Duration::from_secs(30), || {
+        TcpStream::connect_timeout(&format!("{}:2379", addr(3)).parse().unwrap(), Duration::from_secs(1))
+            .is_err()
+            .then_some(())
+    });
+    assert!(old_gate_passes(&a2, "server3").await);
+    let why = refused_by_etcd(&a2, s1, "up", &names[2], "unreachable").await;
+    std::fs::remove_file(&knob).unwrap();
+    s3.systemctl(&["restart", "k3s.service"]);
+    wait_gate_clear(s1, Duration::from_secs(120));
+    wait_node_ready(&a2, "server3", Duration::from_secs(60)).await;
+    s1.c.exec(&["regrade", "step", "up"]);
+    assert_eq!(s1.level(), "control-plane");
+    phase(&format!("9a. ... and out of etcd-only: refused ({why}); healed, stepped up to control-plane"));
+
+    // 9b. server3 partitioned on its peer port (TCP 2380 dropped in its namespace): its
+    //     client port and its agent still work.
+    netns_sh(&["partition", "3"]);
+    let t = Instant::now();
+    let why = loop {
+        let (ok, out) = s1.try_exec(&["regrade", "status", "--json"]);
+        let st: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        let bad = st["etcd"]["members"].as_array().and_then(|ms| {
+            ms.iter().find(|m| m["name"].as_str().is_some_and(|n| n == names[2]) && m["health"] != "ok").cloned()
+        });
+        if let (true, Some(bad)) = (ok, bad) {
+            break bad;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "server3's partition never showed in server1's etcd view: {out}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(old_gate_passes(&a2, "server3").await, "server3 passes the node-Lease gate while partitioned");
+    let refusal = refused_by_etcd(&a2, s1, "down", &names[2], "").await;
+    netns_sh(&["heal", "3"]);
+    wait_gate_clear(s1, Duration::from_secs(120));
+    phase(&format!("9b. server3 partitioned on its peer port ({}): refused: {refusal}", why["health"]));
+
+    // 9c. A learner (a fourth etcd, in the hub namespace, added as k3s adds a joining
+    //     server): first added but not started, then started. No Node at all: the
+    //     node-Lease gate cannot see it.
+    let learner = tmp_learner_certs(etcd_ca);
+    let admin = etcd_admin(s1);
+    let ep1 = regrade::etcd::client::Endpoint::parse(&format!("https://{}:2379", addr(1))).unwrap();
+    let peer4 = "https://10.213.7.1:2380";
+    let added =
+        etcd_call(&admin, &ep1, "/v3/cluster/member/add", &format!(r#"{{"peerURLs":["{peer4}"],"isLearner":true}}"#));
+    let id4 = added["member"]["ID"].as_str().unwrap().to_string();
+    let why = refused_by_etcd(&a2, s1, "down", "not started", "not started").await;
+    phase(&format!("9c. a learner added, not started: refused: {why}"));
+    let initial: Vec<String> = (1..=3).map(|m| format!("{}=https://{}:2380", names[m - 1], addr(m))).collect();
+    let mut etcd4 = LearnerEtcd::start(bin, &learner, &format!("{},learner4-0a0b0c0d={peer4}", initial.join(",")));
+    let t = Instant::now();
+    let why = loop {
+        let (ok, out) = s1.try_exec(&["regrade", "step", "down"]);
+        assert!(!ok, "a step with a learner present was not refused: {out}");
+        if out.contains("learner4-0a0b0c0d") {
+            break out.lines().find(|l| l.contains("learner4")).unwrap().trim().to_string();
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the learner never showed as started: {out}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(why.contains("learner"), "{why}");
+    assert_eq!(s1.level(), "control-plane");
+    assert!(!s1.c.dropin().exists());
+    etcd_call(&admin, &ep1, "/v3/cluster/member/remove", &format!(r#"{{"ID":"{id4}"}}"#));
+    etcd4.stop();
+    wait_gate_clear(s1, Duration::from_secs(60));
+    phase(&format!("9c. ... the learner started: refused: {why}; removed"));
+
+    // 9d. Two voters only: server3's member removed (and its server stopped, its Node
+    //     deleted: a two-server cluster, which the node-Lease gate lets through).
+    let id3 = s1.member_id("server3").to_string();
+    s3.systemctl(&["stop", "k3s.service"]);
+    etcd_call(&admin, &ep1, "/v3/cluster/member/remove", &format!(r#"{{"ID":"{id3}"}}"#));
+    Api::<Node>::all(a2.clone()).delete("server3", &Default::default()).await.unwrap();
+    assert!(old_gate_passes(&a1, "server2").await);
+    let why = refused_by_etcd(&a2, s1, "down", "only 2 etcd voters", "at least 3").await;
+    phase(&format!("9d. two voters left: refused: {why}"));
+    s1.c.exec(&["regrade", "step", "up"]);
+    assert_eq!(s1.level(), "full");
+    phase("9. server1 back at full (no restart: no etcd gate)");
+}
+
+/// A client with server1's etcd client certificate (the test's admin).
+fn etcd_admin(s: &Server) -> regrade::etcd::client::EtcdClient {
+    let tls = PathBuf::from(s.c.var("ROOT")).join("var/lib/rancher/k3s/server/tls/etcd");
+    regrade::etcd::client::EtcdClient::new(&regrade::etcd::EtcdConfig {
+        ca_file: tls.join("server-ca.crt"),
+        cert_file: tls.join("client.crt"),
+        key_file: tls.join("client.key"),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// A membership change through etcd's gateway, retried while etcd calls the cluster
+/// unhealthy (it takes changes only once every member has been up a few seconds).
+fn etcd_call(
+    c: &regrade::etcd::client::EtcdClient,
+    ep: &regrade::etcd::client::Endpoint,
+    path: &str,
+    body: &str,
+) -> Value {
+    let (c, ep, path, body) = (c.clone(), ep.clone(), path.to_string(), body.to_string());
+    std::thread::spawn(move || {
+        common::block_on(async {
+            let t0 = Instant::now();
+            loop {
+                match c.call(&ep, &path, &body).await {
+                    Ok(b) => return serde_json::from_slice(&b).unwrap(),
+                    Err(e) => assert!(t0.elapsed() < Duration::from_secs(60), "{path} {body}: {e:#}"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+/// Serving/peer certificates for the learner at 10.213.7.1, from the seeded CAs.
+fn tmp_learner_certs(etcd_ca: &Path) -> PathBuf {
+    let d = etcd_ca.join("learner");
+    std::fs::create_dir_all(&d).unwrap();
+    for (ca, name) in [("server-ca", "server"), ("peer-ca", "peer")] {
+        let ext = d.join(format!("{name}.ext"));
+        std::fs::write(&ext, "subjectAltName=IP:10.213.7.1,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+            .unwrap();
+        let (key, csr, crt) =
+            (d.join(format!("{name}.key")), d.join(format!("{name}.csr")), d.join(format!("{name}.crt")));
+        run(
+            Path::new("openssl"),
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                key.to_str().unwrap(),
+                "-out",
+                csr.to_str().unwrap(),
+                "-subj",
+                "/CN=learner4",
+            ],
+        );
+        run(
+            Path::new("openssl"),
+            &[
+                "x509",
+                "-req",
+                "-in",
+                csr.to_str().unwrap(),
+                "-CA",
+                etcd_ca.join(format!("{ca}.crt")).to_str().unwrap(),
+                "-CAkey",
+                etcd_ca.join(format!("{ca}.key")).to_str().unwrap(),
+                "-CAcreateserial",
+                "-out",
+                crt.to_str().unwrap(),
+                "-days",
+                "2",
+                "-extfile",
+                ext.to_str().unwrap(),
+            ],
+        );
+    }
+    d
+}
+
+/// The learner: the rig's plain etcd, in the hub namespace (this test's own).
+struct LearnerEtcd(Option<std::process::Child>);
+
+impl LearnerEtcd {
+    fn start(bin: &Path, certs: &Path, initial: &str) -> LearnerEtcd {
+        let ca = certs.parent().unwrap();
+        let f = |n: &str| certs.join(n).display().to_string();
+        let child = Command::new(bin.join("etcd"))
+            .args(["--name", "learner4-0a0b0c0d", "--data-dir", &f("data")])
+            .args([
+                "--listen-client-urls",
+                "https://10.213.7.1:2379",
+                "--advertise-client-urls",
+                "https://10.213.7.1:2379",
+            ])
+            .args([
+                "--listen-peer-urls",
+                "https://10.213.7.1:2380",
+                "--initial-advertise-peer-urls",
+                "https://10.213.7.1:2380",
+            ])
+            .args([
+                "--initial-cluster",
+                initial,
+                "--initial-cluster-state",
+                "existing",
+                "--initial-cluster-token",
+                "k3s-standin",
+            ])
+            .args(["--client-cert-auth", "--trusted-ca-file", &ca.join("server-ca.crt").display().to_string()])
+            .args(["--cert-file", &f("server.crt"), "--key-file", &f("server.key")])
+            .args(["--peer-client-cert-auth", "--peer-trusted-ca-file", &ca.join("peer-ca.crt").display().to_string()])
+            .args(["--peer-cert-file", &f("peer.crt"), "--peer-key-file", &f("peer.key"), "--log-level", "error"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(certs.join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        LearnerEtcd(Some(child))
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for LearnerEtcd {
+    fn drop(&mut self) {
+        self.stop()
+    }
 }

@@ -17,15 +17,16 @@ use std::path::{Path, PathBuf};
 const VALUE_MODULES: [&str; 4] = ["level", "levels", "sample", "units"];
 const CORE: &str = "decide";
 
-/// The crates that reach the outside world, and the one module that may use each: only
-/// `cluster` talks to the Kubernetes API, only `actuator` talks to systemd and Docker.
+/// The crates that reach the outside world, and the modules that may use each: only
+/// `cluster` talks to the Kubernetes API, only `actuator` talks to systemd and Docker,
+/// and HTTP goes out from `actuator` (Docker's engine) and `etcd` (etcd's gateway).
 /// (`k8s_openapi::jiff`, a time library, is not the API.)
-const WORLD_CRATES: [(&str, &str); 5] = [
-    ("kube", "cluster"),
-    ("k8s_openapi::api", "cluster"),
-    ("zbus", "actuator"),
-    ("hyper", "actuator"),
-    ("hyper_util", "actuator"),
+const WORLD_CRATES: [(&str, &[&str]); 5] = [
+    ("kube", &["cluster"]),
+    ("k8s_openapi::api", &["cluster"]),
+    ("zbus", &["actuator"]),
+    ("hyper", &["actuator", "etcd"]),
+    ("hyper_util", &["actuator", "etcd"]),
 ];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
@@ -276,8 +277,8 @@ fn only_cluster_talks_to_the_api_and_only_actuator_to_systemd_and_docker() {
             let uses = code.match_indices(&path).any(|(i, _)| {
                 !code[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
             });
-            if uses && m != owner {
-                wrong.push(format!("{m} uses {krate}:: (only {owner} may)"));
+            if uses && !owner.contains(&m.as_str()) {
+                wrong.push(format!("{m} uses {krate}:: (only {} may)", owner.join(" and ")));
             }
         }
     }

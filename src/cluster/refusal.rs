@@ -23,16 +23,31 @@ pub enum RefusalKind {
     /// A NixOS switch that turns regrade off holds steps until regrade.service stops
     /// (the hold file, `crate::hold`).
     SwitchHold,
+    /// Before a restart of k3s: an etcd member (named in the subject) is not healthy —
+    /// unreachable, not started, a learner, another cluster, no leader, an alarm, or
+    /// too far behind the leader.
+    EtcdMemberUnhealthy,
+    /// Before a restart of k3s: fewer than 3 etcd voters, so any restart loses quorum.
+    EtcdTooFewVoters,
+    /// Before a restart of k3s: without this member the healthy voters are no quorum.
+    EtcdNoQuorum,
+    /// Before a restart of k3s: the local etcd member could not be asked (down, or its
+    /// client certificate unreadable).
+    EtcdUnavailable,
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 6] = [
+    pub const ALL: [RefusalKind; 10] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
         RefusalKind::ApiUnreachable,
         RefusalKind::ApiError,
         RefusalKind::SwitchHold,
+        RefusalKind::EtcdMemberUnhealthy,
+        RefusalKind::EtcdTooFewVoters,
+        RefusalKind::EtcdNoQuorum,
+        RefusalKind::EtcdUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +58,10 @@ impl RefusalKind {
             RefusalKind::ApiUnreachable => "api-unreachable",
             RefusalKind::ApiError => "api-error",
             RefusalKind::SwitchHold => "switch-hold",
+            RefusalKind::EtcdMemberUnhealthy => "etcd-member-unhealthy",
+            RefusalKind::EtcdTooFewVoters => "etcd-too-few-voters",
+            RefusalKind::EtcdNoQuorum => "etcd-no-quorum",
+            RefusalKind::EtcdUnavailable => "etcd-unavailable",
         }
     }
 }

@@ -232,8 +232,8 @@ impl<'a> Watcher<'a> {
 
     /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
     async fn run_step(&mut self, step: &Step) -> Outcome {
-        let Backend { actuator, cluster } = &mut self.backend;
-        let fut = step::run(step, actuator.as_mut(), cluster.as_ref(), &self.cfg.levels);
+        let Backend { actuator, cluster, etcd } = &mut self.backend;
+        let fut = step::run(step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &self.cfg.levels);
         tokio::pin!(fut);
         let notifier = &self.ticker.notifier;
         let mut wd = tokio::time::interval(notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
@@ -317,7 +317,14 @@ mod tests {
         let actuator = FakeActuator::at(level);
         let shared = actuator.level.clone();
         let cluster = FakeCluster { node_level: Ok(Some(Level::ControlPlane)), ..Default::default() };
-        (Backend { actuator: Box::new(actuator), cluster: Box::new(cluster) }, shared)
+        (
+            Backend {
+                actuator: Box::new(actuator),
+                cluster: Box::new(cluster),
+                etcd: Box::new(crate::etcd::NoRestartGate),
+            },
+            shared,
+        )
     }
 
     /// The NixOS switch-time check's hold: while it is active a proposed step is refused

@@ -5,11 +5,16 @@
 #   container.sh up NAME     boot; print KEY=VALUE lines (below) on stdout
 #   container.sh down NAME   stop (poweroff, then SIGKILL of our nspawn), remove its files
 #
-# Network: the container shares the host's network namespace (no --private-network)
-# and its k3s stand-in listens on a loopback address of its own,
-# ${REGRADE_NSPAWN_ADDR:-127.0.0.61} (etcd /health on ADDR:2381, client 2379, peer
-# 2380; API on ADDR:${REGRADE_NSPAWN_API_PORT:-16443}), so a test on the host reaches
-# etcd's health URL directly and talks to nothing but loopback.
+# Network, one of two:
+# - by default the container shares the host's network namespace (no
+#   --private-network) and its k3s stand-in listens on a loopback address of its own,
+#   ${REGRADE_NSPAWN_ADDR:-127.0.0.61} (etcd /health on ADDR:2381, client 2379, peer
+#   2380; API on ADDR:${REGRADE_NSPAWN_API_PORT:-16443}), so a test on the host reaches
+#   etcd's health URL directly and talks to nothing but loopback;
+# - with REGRADE_NSPAWN_NETNS=NAME it runs in the network namespace /run/netns/NAME
+#   (made by the test, ADDR on one of its interfaces) and the stand-in listens where
+#   k3s does: etcd on https://127.0.0.1:2379 and https://ADDR:2379, peers on ADDR:2380,
+#   /health on 127.0.0.1:2381 only (HEALTH_URL is then inside that namespace).
 #
 # Shared with the host (bind mounts), so host-side tests see what the container sees:
 #   ETC  -> /etc/rancher/k3s     (config.yaml, config.yaml.d/ with regrade's drop-in,
@@ -25,7 +30,7 @@
 # end-to-end test's cluster membership, certificates, regrade.toml, enabled units):
 # REGRADE_NSPAWN_SEED_ETC (a dir copied into ETC), REGRADE_NSPAWN_SEED_ROOT (a dir
 # copied over the container's root).
-# Output of up: PID NSPAWN_PID DIR ROOT ETC RUN BUS HEALTH_URL ADDR
+# Output of up: PID NSPAWN_PID DIR ROOT ETC RUN BUS HEALTH_URL ADDR [NETNS]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -75,7 +80,12 @@ up() {
   mkdir -p "$dir/etc-k3s/config.yaml.d" "$dir/run-regrade"
   cp -a "$root" "$dir/root"
   local sys="$dir/root/etc/systemd/system"
-  sed -e "s/@ADDR@/$addr/g" -e "s/@APIPORT@/$api_port/g" -e "s/@NODENAME@/$node_name/g" \
+  local netflags="--etcd-health-addr=$addr:2381 --etcd-client-url=https://$addr:2379" netns=()
+  if [ -n "${REGRADE_NSPAWN_NETNS:-}" ]; then
+    [ -e "/run/netns/$REGRADE_NSPAWN_NETNS" ] || { log "no network namespace $REGRADE_NSPAWN_NETNS"; exit 1; }
+    netflags="" netns=("--network-namespace-path=/run/netns/$REGRADE_NSPAWN_NETNS")
+  fi
+  sed -e "s/@ADDR@/$addr/g" -e "s/@APIPORT@/$api_port/g" -e "s/@NODENAME@/$node_name/g" -e "s|@NETFLAGS@|$netflags|g" \
       -e "s/@DELAY@/${REGRADE_NSPAWN_HEALTH_DELAY:-3s}/g" "$here/k3s.service" > "$sys/k3s.service"
   mkdir -p "$sys/k3s.service.d" "$sys/multi-user.target.wants"
   cp "$repo/packaging/systemd/k3s.service.d/regrade.conf" "$sys/k3s.service.d/"
@@ -86,7 +96,7 @@ up() {
   [ -z "${REGRADE_NSPAWN_SEED_ETC:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ETC/." "$dir/etc-k3s/"
   [ -z "${REGRADE_NSPAWN_SEED_ROOT:-}" ] || cp -a "$REGRADE_NSPAWN_SEED_ROOT/." "$dir/root/"
   log "booting (rootfs $root, stand-in $bin, address $addr)"
-  setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive \
+  setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive "${netns[@]}" \
     -D "$dir/root" -M "$name" \
     --bind="$dir/etc-k3s:/etc/rancher/k3s" --bind="$dir/run-regrade:/run/regrade" \
     --bind-ro="$REGRADE_BIN:/usr/local/bin/regrade" \
@@ -116,7 +126,12 @@ up() {
   echo "RUN=$dir/run-regrade"
   echo "BUS=$bus"
   echo "ADDR=$addr"
-  echo "HEALTH_URL=http://$addr:2381/health"
+  if [ -n "${REGRADE_NSPAWN_NETNS:-}" ]; then
+    echo "NETNS=$REGRADE_NSPAWN_NETNS"
+    echo "HEALTH_URL=http://127.0.0.1:2381/health"
+  else
+    echo "HEALTH_URL=http://$addr:2381/health"
+  fi
 }
 
 case "$cmd" in

@@ -1,7 +1,9 @@
 // Command k3s-standin is TEST CODE: a stand-in for a k3s *server* process, for
-// regrade's tests on machines where k3s itself cannot be had.
+// regrade's tests on machines where k3s itself cannot be had. Read against k3s's own
+// sources (pkg/etcd, pkg/cli/server, pkg/cluster/bootstrap.go, pkg/agent,
+// pkg/configfilearg); each point says whether it is imitated.
 //
-// What of k3s it imitates:
+// Imitated:
 //   - Config: reads CONFIG_DIR/config.yaml, then CONFIG_DIR/config.yaml.d/*.yaml in
 //     alphabetical order (also when config.yaml is absent). Each file is a YAML map
 //     of flag name -> value (bool, string, number or list). A later file's value
@@ -9,45 +11,72 @@
 //     values become --flags placed before the command-line flags, so the command
 //     line wins. Keys the stand-in does not know are ignored with a warning and
 //     listed in the report ("unknown_config_keys").
-//   - etcd: always runs an embedded etcd member (go.etcd.io/etcd/server/v3/embed)
-//     with its data in DATA_DIR/server/db/etcd, so a restart keeps the member ID.
-//     /health (and /readyz, /livez, /metrics) are served without TLS on
-//     127.0.0.1:2381, like k3s's etcd metrics listener.
+//   - etcd: always runs an embedded etcd member (go.etcd.io/etcd/server/v3/embed),
+//     data in DATA_DIR/server/db/etcd, so a restart keeps the member ID.
+//   - etcd's client port: TLS with client-certificate auth on https://127.0.0.1:2379
+//     and https://NODE_IP:2379 (the node IP's advertised); peer port TLS with
+//     client-cert auth on https://NODE_IP:2380. Certificates under
+//     DATA_DIR/server/tls/etcd/ with k3s's names (server-ca, server-client, client,
+//     peer-ca, peer-server-client .crt/.key); see etcdtls.go.
+//   - Member names "<node>-<8 hex>", chosen once and kept in DATA_DIR/server/db/etcd/name.
+//   - /health (and /readyz, /livez, /metrics) without TLS on 127.0.0.1:2381 only,
+//     like k3s's etcd metrics listener.
+//   - Start: a member initialised before is first reconciled through a temporary
+//     etcd on a copy of its data dir (127.0.0.1:2399, force-new-cluster), as k3s's
+//     bootstrap reconcile does, and defragmented once ready; both cost about what
+//     they cost k3s (a copy of the db, an etcd start, a defrag).
 //   - API server: unless disable-apiserver, supervises a kube-apiserver binary
-//     against the local etcd on BIND:6443. With disable-apiserver, port 6443 still
-//     answers (TLS), every request with HTTP 503 and body "apiserver disabled".
+//     against the local etcd (TLS, etcd's client cert) on BIND:6443. With
+//     disable-apiserver, port 6443 still answers (TLS), every request with HTTP 503
+//     and body "apiserver disabled".
+//   - sd_notify READY=1 as pkg/cli/server sends it: once its own API server is ready
+//     (unless disabled) and its own etcd is ready. At etcd-only that is etcd alone,
+//     as k3s >= 1.22 does: no other server's API is waited for.
+//   - Without its own API server, exit 1 when no API server (the kubeconfig's or a
+//     "server" URL) has answered for 15 minutes (apiserver-wait-timeout; shorter
+//     in tests), as an etcd-only k3s was seen to do; systemd restarts it.
 //   - Agent: unless disable-agent, and given a kubeconfig, keeps a Node (labels
 //     node-role.kubernetes.io/etcd=true always; control-plane=true and
 //     master=true set only while the API server is enabled, as k3s's
-//     setNodeLabelsAndAnnotations does; never removed), its Ready condition with
-//     lastHeartbeatTime, its Lease in kube-node-lease renewed every 10 s, and the
-//     Secret kube-system/<node>.node-password.k3s.
-//   - sd_notify READY=1 once etcd is healthy and some API server is ready
-//     (a real k3s with disable-apiserver waits for another server's API); see
-//     notifyWhenReady for the exact rule.
+//     setNodeLabelsAndAnnotations does; never removed; annotations
+//     etcd.k3s.cattle.io/node-name and node-address), its Lease in kube-node-lease
+//     renewed every 10 s from the start, its Ready condition with
+//     lastHeartbeatTime — first Ready=False (KubeletNotReady, as a restarted
+//     kubelet reports before its runtime check), Ready=True from
+//     kubelet-ready-delay (5 s) on — and the Secret kube-system/<node>.node-password.k3s.
+//   - EtcdIsVoter: the etcd leader writes it on every etcd Node every 15 s when it
+//     changes (or is 5 min old): True MemberNotLearner, False MemberIsLearner or
+//     NotAMember, as k3s's member controller does.
 //
-// What it does NOT imitate: no kubelet, containerd, flannel, kube-proxy,
-// controller-manager, scheduler or addons (disable-controller-manager and
-// disable-scheduler are only recorded); no join tokens, no etcd TLS (etcd speaks
-// plain http), no etcd member add/remove (cluster membership is static, see
-// below), no client-side load balancer (the agent fails over between the
-// kubeconfig's server and the "server" URLs), no hiding of its arguments, no
-// k3s.yaml. The node-password Secret holds sha256 of a random password kept in
+// NOT imitated: no kubelet, containerd, flannel, kube-proxy, controller-manager,
+// scheduler or addons (disable-controller-manager and disable-scheduler are only
+// recorded); no join tokens or bootstrap data (the etcd CAs are seeded into each
+// data dir by the test instead, missing ones generated); no joining through member
+// add as a learner and no learner promotion: cluster membership is static (below);
+// no client-side load balancer (the agent fails over between the kubeconfig's server
+// and the "server" URLs); no hiding of its arguments, no k3s.yaml; no etcd
+// snapshots. The node-password Secret holds sha256 of a random password kept in
 // DATA_DIR/agent/node-password, not k3s's hash format. Node authorization is
 // whatever the kubeconfig has (tests pass an admin kubeconfig).
 //
 // Cluster mode (design of this stand-in, not k3s's): give each member
 //
-//	node-name, node-ip (e.g. 127.0.0.11), etcd-health-addr (e.g. 127.0.0.11:2381)
-//	etcd-initial-cluster: "a=http://127.0.0.11:2380,b=http://127.0.0.12:2380,c=http://127.0.0.13:2380"
+//	node-name, node-ip (its own address, in a network namespace of its own)
+//	etcd-initial-cluster: "a-1a2b3c4d=https://10.0.0.1:2380,b-...=https://10.0.0.2:2380,..."
 //
-// The member name is node-name; client URL http://NODE_IP:2379 and peer URL
-// http://NODE_IP:2380 unless etcd-client-url / etcd-peer-url say otherwise.
-// Single-member mode (the default) is initial cluster NAME=PEER_URL.
+// The entry "<node-name>-<8 hex>" there becomes this member's name (k3s picks the
+// hex at random; a static cluster must know every name in advance). Peer URL
+// https://NODE_IP:2380 unless etcd-peer-url says otherwise. Single-member mode (the
+// default) is initial cluster NAME=PEER_URL with a random name.
+// Sharing one network namespace (the systemd tests): etcd-client-url and
+// etcd-health-addr move the client port and /health to the node IP.
 //
 // Test knobs: health-delay (/health answers 503 until that long after start);
+// kubelet-ready-delay; apiserver-wait-timeout;
 // file CONFIG_DIR/standin-fail-next-start: deleted, then exit 1 at once;
-// file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists.
+// file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists;
+// file CONFIG_DIR/standin-kill-etcd: the etcd member stops (ports closed) while the
+// agent keeps the Node Ready and its Lease fresh, until the next start without it.
 //
 // Usage: k3s-standin [server] [--flag=value ...]; run with -h for the flags.
 // The effective flags are written as JSON to --report-file and logged.
@@ -73,6 +102,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -118,14 +148,15 @@ var (
 	dataDir       = fs.String("data-dir", "/var/lib/rancher/k3s", "k3s data dir; etcd data in DATA_DIR/server/db/etcd")
 	nodeName      = fs.String("node-name", envOr("K3S_NODE_NAME", hostname()), "node and etcd member name")
 	nodeIP        = fs.String("node-ip", "127.0.0.1", "this server's address")
-	etcdClientURL = fs.String("etcd-client-url", "", "etcd client URL (default http://NODE_IP:2379)")
-	etcdPeerURL   = fs.String("etcd-peer-url", "", "etcd peer URL (default http://NODE_IP:2380)")
+	etcdClientURL = fs.String("etcd-client-url", "", "etcd client URLs to listen on, comma-separated; the first is advertised (default https://127.0.0.1:2379,https://NODE_IP:2379, advertising the node IP's)")
+	etcdPeerURL   = fs.String("etcd-peer-url", "", "etcd peer URL (default https://NODE_IP:2380)")
 	etcdCluster   = fs.String("etcd-initial-cluster", "", "etcd initial cluster, name=peerURL,... (default: this member only)")
 	etcdState     = fs.String("etcd-initial-cluster-state", "new", "new or existing")
 	healthAddr    = fs.String("etcd-health-addr", "127.0.0.1:2381", "where /health is served (plain http)")
 	healthDelay   = fs.Duration("health-delay", 0, "test knob: /health answers 503 until this long after start")
 	failFile      = fs.String("fail-next-start-file", "", "test knob file (default CONFIG_DIR/standin-fail-next-start)")
 	neverFile     = fs.String("never-healthy-file", "", "test knob file (default CONFIG_DIR/standin-never-healthy)")
+	killEtcdFile  = fs.String("kill-etcd-file", "", "test knob file (default CONFIG_DIR/standin-kill-etcd)")
 	disableAPI    = fs.Bool("disable-apiserver", false, "do not run kube-apiserver; port answers 503")
 	disableAgent  = fs.Bool("disable-agent", false, "do not keep the Node, its Lease and node-password Secret")
 	_             = fs.Bool("disable-controller-manager", false, "recorded only")
@@ -140,6 +171,8 @@ var (
 	apiserverBin  = fs.String("kube-apiserver-bin", "", "kube-apiserver binary (default: next to this executable)")
 	kubeconfig    = fs.String("kubeconfig", "", "kubeconfig for the agent (no kubeconfig: no agent)")
 	leaseEvery    = fs.Duration("node-lease-interval", 10*time.Second, "node Lease renew interval")
+	readyDelay    = fs.Duration("kubelet-ready-delay", 5*time.Second, "after a start, the Node is Ready=False this long (a kubelet's runtime check)")
+	apiWait       = fs.Duration("apiserver-wait-timeout", 15*time.Minute, "without its own API server, exit 1 when no API server answered for this long")
 	statusEvery   = fs.Duration("node-status-interval", time.Minute, "Node Ready heartbeat interval")
 	servers       = &listFlag{}
 	_             = fs.String("write-kubeconfig-mode", "", "recorded only")
@@ -270,9 +303,18 @@ func main() {
 	}
 	def(failFile, filepath.Join(*configDir, "standin-fail-next-start"))
 	def(neverFile, filepath.Join(*configDir, "standin-never-healthy"))
-	def(etcdClientURL, "http://"+net.JoinHostPort(*nodeIP, "2379"))
-	def(etcdPeerURL, "http://"+net.JoinHostPort(*nodeIP, "2380"))
-	def(etcdCluster, *nodeName+"="+*etcdPeerURL)
+	def(killEtcdFile, filepath.Join(*configDir, "standin-kill-etcd"))
+	listenClient, advertiseClient := defaultClientURLs(*nodeIP)
+	if *etcdClientURL != "" {
+		listenClient, advertiseClient, _ = strings.Cut(*etcdClientURL+",", ",")
+		listenClient, advertiseClient = *etcdClientURL, listenClient
+	}
+	def(etcdPeerURL, "https://"+net.JoinHostPort(*nodeIP, "2380"))
+	dbDir := filepath.Join(*dataDir, "server", "db", "etcd")
+	name, err := memberName(dbDir, *nodeName, *etcdCluster)
+	must(err, "etcd member name")
+	def(etcdCluster, name+"="+*etcdPeerURL)
+	etcdTLS := filepath.Join(*dataDir, "server", "tls", "etcd")
 	def(bindAddr, *nodeIP)
 	def(advertiseAddr, *nodeIP)
 	def(certDir, filepath.Join(*dataDir, "server", "tls"))
@@ -290,22 +332,32 @@ func main() {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 
-	// etcd
+	// etcd, as k3s runs it: TLS with client-cert auth on both ports, certificates
+	// under server/tls/etcd/, after the temporary-etcd reconcile of a known member.
+	must(ensureEtcdCerts(etcdTLS, []string{*nodeIP, *nodeName}), "etcd certs")
+	reconcileWithTemporaryEtcd(dbDir, name)
 	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = *nodeName, filepath.Join(*dataDir, "server", "db", "etcd")
-	cu, err := url.Parse(*etcdClientURL)
+	cfg.Name, cfg.Dir = name, dbDir
+	lcu, err := urls(listenClient)
+	must(err, "etcd-client-url")
+	acu, err := urls(advertiseClient)
 	must(err, "etcd-client-url")
 	pu, err := url.Parse(*etcdPeerURL)
 	must(err, "etcd-peer-url")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = lcu, acu
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster, cfg.ClusterState, cfg.InitialClusterToken = *etcdCluster, *etcdState, "k3s-standin"
+	tlsFile := func(f string) string { return filepath.Join(etcdTLS, f) }
+	cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = tlsFile(etcdServing), tlsFile(etcdServingKey)
+	cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = tlsFile(etcdServerCA), true
+	cfg.PeerTLSInfo.CertFile, cfg.PeerTLSInfo.KeyFile = tlsFile(etcdPeer), tlsFile(etcdPeerKey)
+	cfg.PeerTLSInfo.TrustedCAFile, cfg.PeerTLSInfo.ClientCertAuth = tlsFile(etcdPeerCA), true
 	cfg.LogLevel = "warn"
 	must(os.MkdirAll(cfg.Dir, 0o700), "data dir")
 	e, err := embed.StartEtcd(cfg)
 	must(err, "start etcd")
 	defer e.Close()
-	log.Printf("k3s-standin: etcd member %s starting (data %s, client %s, peer %s)", cfg.Name, cfg.Dir, cu, pu)
+	log.Printf("k3s-standin: etcd member %s starting (data %s, client %s, peer %s)", cfg.Name, cfg.Dir, listenClient, pu)
 
 	// /health, gated by the test knobs.
 	mux := http.NewServeMux()
@@ -335,6 +387,7 @@ func main() {
 		select {
 		case <-e.Server.ReadyNotify():
 			log.Printf("k3s-standin: etcd member %s ready (id %x)", cfg.Name, uint64(e.Server.MemberID()))
+			defragment(e)
 			close(etcdReady)
 		case <-ctx.Done():
 		}
@@ -360,23 +413,51 @@ func main() {
 			case <-ctx.Done():
 				return
 			}
-			superviseAPIServer(ctx, kube.APIServerArgs(*certDir, cu.String(), *bindAddr, *apiPort, *advertiseAddr))
+			// Through the first client URL (127.0.0.1 by default), with etcd's client cert.
+			args := kube.APIServerArgs(*certDir, lcu[0].String(), *bindAddr, *apiPort, *advertiseAddr)
+			args = append(args, "--etcd-cafile="+tlsFile(etcdServerCA), "--etcd-certfile="+tlsFile(etcdClient), "--etcd-keyfile="+tlsFile(etcdClientKey))
+			superviseAPIServer(ctx, args)
 		}()
 	}
 
 	if !*disableAgent && *kubeconfig != "" {
-		go runAgent(ctx, !*disableAPI)
+		go runAgent(ctx, !*disableAPI, e, name)
 	} else {
 		log.Printf("k3s-standin: agent not running (disable-agent=%v, kubeconfig=%q)", *disableAgent, *kubeconfig)
 	}
 
 	go notifyWhenReady(ctx, localAPI)
+	if *disableAPI {
+		go exitWithoutAPIServer(ctx)
+	}
 
-	select {
-	case <-ctx.Done():
-		log.Printf("k3s-standin: stopping")
-	case err := <-e.Err():
-		log.Fatalf("k3s-standin: etcd: %v", err)
+	// Test knob: the etcd member dies (its ports close) while the rest of the server,
+	// the agent with its node Lease and Ready heartbeats included, keeps running.
+	var etcdKilled atomic.Bool
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := os.Stat(*killEtcdFile); err == nil {
+				log.Printf("k3s-standin: %s exists: stopping the etcd member, keeping the rest running", *killEtcdFile)
+				etcdKilled.Store(true)
+				e.Close()
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			log.Printf("k3s-standin: stopping")
+			done = true
+		case err := <-e.Err():
+			if !etcdKilled.Load() {
+				log.Fatalf("k3s-standin: etcd: %v", err)
+			}
+			log.Printf("k3s-standin: etcd member stopped by the kill-etcd knob (%v)", err)
+			<-ctx.Done()
+			done = true
+		}
 	}
 	sdNotify("STOPPING=1")
 	cancel()
@@ -458,76 +539,82 @@ func superviseAPIServer(ctx context.Context, args []string) {
 	}
 }
 
-// notifyWhenReady sends READY=1 once /health is 200 and some API server is
-// ready: the local one (checked with the cert dir's admin cert) or, through the
-// kubeconfig's credentials, the kubeconfig's server or a "server" URL must
-// answer /readyz with 200; a "server" URL without a kubeconfig counts when it
-// answers 200, 401 or 403 (a real kube-apiserver). With no API server at all
-// (disable-apiserver, no kubeconfig, no "server"), only etcd is waited for; a
-// real k3s would wait for another server's API.
+// notifyWhenReady sends READY=1 as k3s's server command does (pkg/cli/server): once
+// its own API server is ready, unless disabled, and its own etcd is ready (here:
+// /health answers 200, so the health-delay and never-healthy knobs hold READY back).
+// With disable-apiserver that is etcd alone: k3s >= 1.22 waits for no API server
+// there, and another server's API being down does not delay it.
 func notifyWhenReady(ctx context.Context, localAPI string) {
-	type api struct {
-		url    string
-		client *http.Client
-		strict bool // only 200 counts
-	}
-	var apis []api
+	var local *http.Client
 	if !*disableAPI {
 		c, err := rest.HTTPClientFor(&rest.Config{Host: localAPI, TLSClientConfig: rest.TLSClientConfig{
 			CAFile:   filepath.Join(*certDir, kube.CACert),
 			CertFile: filepath.Join(*certDir, kube.AdminCert), KeyFile: filepath.Join(*certDir, kube.AdminKey)}})
 		must(err, "local API client")
-		apis = append(apis, api{localAPI, c, true})
-	}
-	if *kubeconfig != "" {
-		kc, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
-		must(err, "kubeconfig")
-		c, err := rest.HTTPClientFor(kc)
-		must(err, "kubeconfig client")
-		for _, u := range append([]string{kc.Host}, servers.vals...) {
-			apis = append(apis, api{u, c, true})
-		}
-	} else {
-		insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-		for _, u := range servers.vals {
-			apis = append(apis, api{u, insecure, false})
-		}
-	}
-	status := func(c *http.Client, u string) int {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
-		r, err := c.Do(req)
-		if err != nil {
-			return 0
-		}
-		r.Body.Close()
-		return r.StatusCode
+		local = c
 	}
 	plain := &http.Client{}
+	apiReady := local == nil
 	for {
-		if status(plain, "http://"+*healthAddr+"/health") == 200 {
-			ok := len(apis) == 0
-			for _, a := range apis {
-				s := status(a.client, strings.TrimSuffix(a.url, "/")+"/readyz")
-				if s == 200 || (!a.strict && (s == 401 || s == 403)) {
-					log.Printf("k3s-standin: ready (etcd healthy, API %s ready)", a.url)
-					ok = true
-					break
-				}
-			}
-			if ok {
-				if len(apis) == 0 {
-					log.Printf("k3s-standin: ready (etcd healthy; no API server configured)")
-				}
-				sdNotify("READY=1\nSTATUS=etcd healthy")
-				return
-			}
+		if !apiReady && httpStatus(ctx, local, localAPI+"/readyz") == 200 {
+			log.Printf("k3s-standin: Kube API server is now running")
+			apiReady = true
+		}
+		if apiReady && httpStatus(ctx, plain, "http://"+*healthAddr+"/health") == 200 {
+			log.Printf("k3s-standin: ready (etcd healthy%s)", map[bool]string{true: ", local API server ready", false: "; API server disabled"}[local != nil])
+			sdNotify("READY=1\nSTATUS=etcd healthy")
+			return
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func httpStatus(ctx context.Context, c *http.Client, u string) int {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+	r, err := c.Do(req)
+	if err != nil {
+		return 0
+	}
+	r.Body.Close()
+	return r.StatusCode
+}
+
+// exitWithoutAPIServer: a server without its own API server that has reached no API
+// server (the kubeconfig's or a "server" URL) for apiserver-wait-timeout exits 1, as
+// an etcd-only k3s was seen to do every 15 minutes; systemd then restarts it.
+func exitWithoutAPIServer(ctx context.Context) {
+	var targets []string
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if *kubeconfig != "" {
+		if kc, err := clientcmd.BuildConfigFromFlags("", *kubeconfig); err == nil {
+			if c, err := rest.HTTPClientFor(kc); err == nil {
+				client = c
+			}
+			targets = append(targets, kc.Host)
+		}
+	}
+	targets = append(targets, servers.vals...)
+	last := time.Now()
+	for {
+		for _, t := range targets {
+			if s := httpStatus(ctx, client, strings.TrimSuffix(t, "/")+"/readyz"); s == 200 || s == 401 || s == 403 {
+				last = time.Now()
+				break
+			}
+		}
+		if time.Since(last) > *apiWait {
+			log.Fatalf("k3s-standin: no API server reachable for %v (%v): exiting", *apiWait, targets)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
 		}
 	}
 }
@@ -556,6 +643,8 @@ type agent struct {
 	hosts   []string
 	cur     int
 	cp      bool // API server enabled here: set control-plane/master labels
+	started time.Time
+	member  string // etcd member name, for k3s's etcd.k3s.cattle.io annotations
 }
 
 // do runs f against the current API server, failing over to the next on errors
@@ -574,48 +663,54 @@ func (a *agent) do(f func(cs *kubernetes.Clientset) error) error {
 	return err
 }
 
-func runAgent(ctx context.Context, controlPlane bool) {
+func runAgent(ctx context.Context, controlPlane bool, e *embed.Etcd, member string) {
 	base, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	must(err, "kubeconfig")
-	a := &agent{cp: controlPlane}
+	a := &agent{cp: controlPlane, started: time.Now(), member: member}
 	for _, h := range append([]string{base.Host}, servers.vals...) {
 		c := rest.CopyConfig(base)
 		c.Host, c.Timeout = h, 5*time.Second
 		a.clients = append(a.clients, kubernetes.NewForConfigOrDie(c))
 		a.hosts = append(a.hosts, h)
 	}
-	// Register (retried every second until the API answers), then heartbeat.
-	registered, secretDone := false, false
-	var lastStatus time.Time
-	tick := time.NewTicker(*leaseEvery)
-	defer tick.Stop()
+	// Register (retried every second until the API answers), then heartbeat: the node
+	// Lease at once and every node-lease-interval; the Node's status first Ready=False
+	// (a kubelet's runtime check not done yet), Ready=True from kubelet-ready-delay on,
+	// then every node-status-interval. The etcd leader writes EtcdIsVoter every 15 s.
+	registered, secretDone, readyPosted := false, false, false
+	var lastStatus, lastLease, lastVoter time.Time
 	for {
 		if !registered {
 			registered = a.do(a.register) == nil
 		}
 		if registered {
-			if time.Since(lastStatus) >= *statusEvery {
-				if err := a.do(a.updateStatus); err != nil {
-					log.Printf("k3s-standin: agent: node status: %v", err)
+			if time.Since(lastLease) >= *leaseEvery {
+				if err := a.do(a.renewLease); err != nil {
+					log.Printf("k3s-standin: agent: node lease: %v", err)
 				} else {
-					lastStatus = time.Now()
+					lastLease = time.Now()
 				}
 			}
-			if err := a.do(a.renewLease); err != nil {
-				log.Printf("k3s-standin: agent: node lease: %v", err)
+			readyNow := time.Since(a.started) >= *readyDelay
+			if lastStatus.IsZero() || (readyNow && !readyPosted) || time.Since(lastStatus) >= *statusEvery {
+				if err := a.do(func(cs *kubernetes.Clientset) error { return a.updateStatus(cs, readyNow) }); err != nil {
+					log.Printf("k3s-standin: agent: node status: %v", err)
+				} else {
+					lastStatus, readyPosted = time.Now(), readyNow
+				}
 			}
 			if !secretDone {
 				secretDone = a.do(a.ensurePasswordSecret) == nil
 			}
-		}
-		wait := tick.C
-		if !registered {
-			wait = time.After(time.Second)
+			if time.Since(lastVoter) >= voterEvery {
+				a.writeVoterConditions(e)
+				lastVoter = time.Now()
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-wait:
+		case <-time.After(time.Second):
 		}
 	}
 }
@@ -653,8 +748,15 @@ func (a *agent) register(cs *kubernetes.Clientset) error {
 			missing[k] = v
 		}
 	}
-	if len(missing) > 0 {
-		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": missing}})
+	// k3s's etcd metadata controller: which member and address this Node's etcd is.
+	ann := map[string]string{}
+	for k, v := range map[string]string{"etcd.k3s.cattle.io/node-name": a.member, "etcd.k3s.cattle.io/node-address": *nodeIP} {
+		if n.Annotations[k] != v {
+			ann[k] = v
+		}
+	}
+	if len(missing) > 0 || len(ann) > 0 {
+		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": missing, "annotations": ann}})
 		if _, err := cs.CoreV1().Nodes().Patch(ctx, *nodeName, types.MergePatchType, p, metav1.PatchOptions{}); err != nil {
 			return err
 		}
@@ -662,7 +764,7 @@ func (a *agent) register(cs *kubernetes.Clientset) error {
 	return nil
 }
 
-func (a *agent) updateStatus(cs *kubernetes.Clientset) error {
+func (a *agent) updateStatus(cs *kubernetes.Clientset, isReady bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n, err := cs.CoreV1().Nodes().Get(ctx, *nodeName, metav1.GetOptions{})
@@ -672,10 +774,14 @@ func (a *agent) updateStatus(cs *kubernetes.Clientset) error {
 	now := metav1.Now()
 	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 		Message: "k3s-standin is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}
+	if !isReady {
+		ready.Status, ready.Reason = corev1.ConditionFalse, "KubeletNotReady"
+		ready.Message = "container runtime status check may not have completed yet"
+	}
 	found := false
 	for i, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
-			if c.Status == corev1.ConditionTrue {
+			if c.Status == ready.Status {
 				ready.LastTransitionTime = c.LastTransitionTime
 			}
 			n.Status.Conditions[i], found = ready, true

@@ -1,0 +1,154 @@
+//! The gate as the step runner sees it: asked before every restart of k3s (into or
+//! out of `etcd-only`), and after it, while the Lease is still held.
+
+use std::cell::OnceCell;
+
+use async_trait::async_trait;
+
+use super::gate::{EtcdGate, GateError};
+use super::judge::{EtcdRefusal, MemberRef, Reason};
+use super::EtcdConfig;
+use crate::cluster::{Refusal, RefusalKind};
+
+/// One member as `status` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberState {
+    pub member: MemberRef,
+    pub voter: bool,
+    /// `this` member: the one the local endpoint answered as.
+    pub this: bool,
+    pub health: Result<(), Reason>,
+}
+
+#[async_trait(?Send)]
+pub trait RestartGate {
+    /// Before k3s is restarted: this member's ID, or why it may not go down now.
+    async fn before_restart(&self) -> Result<u64, Refusal>;
+    /// After the restart: Ok once member `me` is back in the list, healthy and caught
+    /// up, or an error when it is not within the gate's timeout.
+    async fn after_restart(&self, me: u64) -> anyhow::Result<()>;
+    /// The members as etcd shows them now (for `status`).
+    async fn members(&self) -> anyhow::Result<Vec<MemberState>>;
+}
+
+/// Lets every restart through: dry runs, and tests of other parts.
+pub struct NoRestartGate;
+
+#[async_trait(?Send)]
+impl RestartGate for NoRestartGate {
+    async fn before_restart(&self) -> Result<u64, Refusal> {
+        Ok(0)
+    }
+    async fn after_restart(&self, _me: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+    async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The real gate, built at its first use: a calm `watch` reads no certificate, and a
+/// missing one refuses the restart (naming the file) instead of failing the start.
+pub struct LazyEtcdGate {
+    cfg: EtcdConfig,
+    gate: OnceCell<Result<EtcdGate, String>>,
+}
+
+impl LazyEtcdGate {
+    pub fn new(cfg: &EtcdConfig) -> LazyEtcdGate {
+        LazyEtcdGate { cfg: cfg.clone(), gate: OnceCell::new() }
+    }
+
+    fn gate(&self) -> Result<&EtcdGate, String> {
+        // A failure is kept too: the files are not read again every sample. (A fixed
+        // certificate is seen at the next start of regrade.)
+        self.gate.get_or_init(|| EtcdGate::new(&self.cfg).map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| e.clone())
+    }
+}
+
+/// The refusal a step gets for what the gate said.
+pub fn refusal(e: &GateError) -> Refusal {
+    match e {
+        GateError::Unavailable(err) => Refusal {
+            kind: RefusalKind::EtcdUnavailable,
+            subject: "local-member".into(),
+            message: format!("etcd cannot be asked whether this member may restart: {err:#}"),
+        },
+        GateError::Refused(r) => {
+            let kind = match r {
+                EtcdRefusal::Member { .. } => RefusalKind::EtcdMemberUnhealthy,
+                EtcdRefusal::TooFewVoters { .. } => RefusalKind::EtcdTooFewVoters,
+                EtcdRefusal::NoQuorumWithout { .. } => RefusalKind::EtcdNoQuorum,
+            };
+            // The reason's own kind goes into the subject too, so a member going from
+            // unreachable to behind is a new reason (and a new Event).
+            let subject = match r {
+                EtcdRefusal::Member { reason, .. } => format!("{}:{}", r.subject(), reason.kind()),
+                _ => r.subject(),
+            };
+            Refusal { kind, subject, message: r.to_string() }
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl RestartGate for LazyEtcdGate {
+    async fn before_restart(&self) -> Result<u64, Refusal> {
+        let gate = self.gate().map_err(|e| refusal(&GateError::Unavailable(anyhow::anyhow!(e))))?;
+        let view = gate.check().await.map_err(|e| refusal(&e))?;
+        Ok(view.self_id())
+    }
+
+    async fn after_restart(&self, me: u64) -> anyhow::Result<()> {
+        let gate = self.gate().map_err(|e| anyhow::anyhow!(e))?;
+        let deadline = tokio::time::Instant::now() + self.cfg.catch_up_timeout.0;
+        let budget = format!("etcd.catch_up_timeout = {}", crate::units::format_duration(self.cfg.catch_up_timeout.0));
+        gate.wait_back(me, deadline, &budget).await.map(|_| ())
+    }
+
+    async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
+        let gate = self.gate().map_err(|e| anyhow::anyhow!(e))?;
+        let view = gate.look().await?;
+        let me = view.self_id();
+        Ok(view
+            .list
+            .members
+            .iter()
+            .map(|m| MemberState {
+                member: MemberRef { id: m.id, name: m.name.clone(), node: super::judge::node_of(&m.name).to_string() },
+                voter: !m.is_learner,
+                this: m.id == me,
+                health: view.health(m, gate.max_raft_lag()),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_carry_the_member_in_subject_and_message() {
+        let member = MemberRef { id: 3, name: "server3-1a2b3c4d".into(), node: "server3".into() };
+        let r = refusal(&GateError::Refused(EtcdRefusal::Member { member, reason: Reason::Learner }));
+        assert_eq!(r.kind, RefusalKind::EtcdMemberUnhealthy);
+        assert_eq!(r.subject, "server3-1a2b3c4d:learner");
+        assert_eq!(r.message, "etcd member server3-1a2b3c4d (Node server3): a learner, without a vote");
+        let r = refusal(&GateError::Refused(EtcdRefusal::TooFewVoters { voters: vec!["a-00000000".into()] }));
+        assert_eq!((r.kind, r.subject.as_str()), (RefusalKind::EtcdTooFewVoters, "a-00000000"));
+        let r = refusal(&GateError::Unavailable(anyhow::anyhow!("connection refused")));
+        assert_eq!(r.kind, RefusalKind::EtcdUnavailable);
+        assert!(r.message.contains("connection refused"), "{}", r.message);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_missing_certificate_refuses_the_restart_naming_the_file() {
+        let cfg = EtcdConfig { ca_file: "/nonexistent/etcd/server-ca.crt".into(), ..EtcdConfig::default() };
+        let g = LazyEtcdGate::new(&cfg);
+        let r = g.before_restart().await.unwrap_err();
+        assert_eq!(r.kind, RefusalKind::EtcdUnavailable);
+        assert!(r.message.contains("etcd.ca_file = /nonexistent/etcd/server-ca.crt"), "{}", r.message);
+        assert!(g.after_restart(1).await.is_err());
+    }
+}
