@@ -335,7 +335,11 @@ mod tests {
         let (cfg, sampler) = fixture(dir.path());
         let actuator = FakeActuator::at(Level::Full);
         let level = actuator.level.clone();
-        let backend = Backend { actuator: Box::new(actuator), cluster: Box::new(FakeCluster::default()) };
+        let backend = Backend {
+            actuator: Box::new(actuator),
+            cluster: Box::new(FakeCluster::default()),
+            etcd: Box::new(crate::etcd::NoRestartGate),
+        };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let hold = dir.path().join("switch-hold");
         std::fs::write(&hold, format!("{}\n# held by the test\n", now + 300)).unwrap();

@@ -157,13 +157,16 @@ services:
       - $sock:/var/run/docker.sock
       - ./fixture:/var/lib/regrade-fixture:ro
 EOF
-pressure() { # SOME_AVG10
+# "over" needs both: pressure at or above the threshold and MemAvailable under the
+# floor (512 MiB by default); "calm" needs both the other way (docs/behaviour.md).
+pressure() { # SOME_AVG10 MEMAVAILABLE_KB
   printf 'some avg10=%s avg60=%s avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n' "$1" "$1" \
     >"$work/fixture/pressure.tmp"
+  printf 'MemTotal:       16000000 kB\nMemAvailable:   %8d kB\n' "$2" >"$work/fixture/meminfo.tmp"
+  mv -f "$work/fixture/meminfo.tmp" "$work/fixture/meminfo"
   mv -f "$work/fixture/pressure.tmp" "$work/fixture/pressure"
 }
-printf 'MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n' >"$work/fixture/meminfo"
-pressure 0.00
+pressure 0.00 8000000
 
 # regrade's kubeconfig: the ServiceAccount token deploy/rbac.yaml binds, written by the
 # documented script. The server by name: the static regrade resolves localhost from
@@ -230,8 +233,8 @@ sleep 3
 show "2. --profile regrade up -d"
 
 # 3. Pressure: one level at a time, down to etcd-only.
-pressure 80.00
-say "fixture pressure: some avg10=80"
+pressure 80.00 200000
+say "fixture pressure: some avg10=80, MemAvailable 195 MiB"
 wait_for 60 "step to control-plane" level_is full control-plane
 show "3a. stepped to control-plane (no restart)"
 [ "$(started_at k3s)" = "$before" ] || fail "the step to control-plane restarted k3s"
@@ -269,8 +272,8 @@ wait_for 30 "the started-level record after the dockerd restart" level_is etcd-o
 show "5b. dockerd restarted"
 
 # 6. Calm: back up, one level at a time.
-pressure 0.00
-say "fixture pressure: some avg10=0"
+pressure 0.00 8000000
+say "fixture pressure: some avg10=0, MemAvailable 7812 MiB"
 wait_for 120 "step to control-plane" level_is full control-plane
 show "6a. stepped up to control-plane (restarted)"
 wait_for 60 "step to full" level_is full
