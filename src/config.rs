@@ -109,6 +109,9 @@ impl Config {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
                     bail!("levels.{name}.k3s: {key:?} is not a k3s flag name (write it without leading dashes)");
                 }
+                if let Some(why) = crate::levels::unsafe_level_flag(key) {
+                    bail!("levels.{name}.k3s.{key}: regrade refuses this flag at any level: {why}");
+                }
             }
         }
         self.cluster.validate()?;
@@ -197,6 +200,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_that_would_lose_the_vote_are_refused_naming_the_key() {
+        for flag in ["disable-etcd", "cluster-reset", "cluster-reset-restore-path", "data-dir", "node-name", "server"] {
+            let toml = format!("[levels.etcd-only.k3s]\ndisable-apiserver = true\n{flag} = true\n");
+            let e = format!("{:#}", Config::parse(&toml).unwrap_err());
+            assert!(e.contains(&format!("levels.etcd-only.k3s.{flag}")) && e.contains("refuses"), "{e}");
+        }
+        let e = format!("{:#}", Config::parse("[levels.control-plane.k3s]\n\"etcd-arg+\" = [\"x\"]\n").unwrap_err());
+        assert!(e.contains("levels.control-plane.k3s.etcd-arg+"), "{e}");
+        // The documented opt-in stays allowed.
+        Config::parse("[levels.etcd-only.k3s]\ndisable-apiserver = true\ndisable-agent = true\n").unwrap();
+    }
     use crate::actuator::entrypoint::flag_args;
     use crate::level::Level;
     use crate::levels::TaintEffect;

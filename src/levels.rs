@@ -64,6 +64,29 @@ impl Default for LevelConfig {
 /// support `disable-agent` with embedded etcd (docs/behaviour.md, "Levels").
 pub const ETCD_ONLY_FLAGS: [&str; 3] = ["disable-apiserver", "disable-controller-manager", "disable-scheduler"];
 
+/// Why a k3s flag must never be part of a level, or `None` when it may: each of
+/// these stops, wipes or replaces the very etcd vote regrade steps down to protect.
+pub fn unsafe_level_flag(key: &str) -> Option<&'static str> {
+    let key = key.strip_suffix('+').unwrap_or(key);
+    Some(match key {
+        "disable-etcd" => "it stops this server's etcd member, so the server loses its vote",
+        "cluster-reset" | "cluster-reset-restore-path" => {
+            "it resets etcd to a one-member cluster, throwing the other members out"
+        }
+        "cluster-init" => "it starts a new etcd cluster instead of rejoining this one",
+        "server" | "token" | "token-file" | "agent-token" | "agent-token-file" => {
+            "it changes which cluster this server joins"
+        }
+        "data-dir" => "k3s would start with another data directory, so another (empty) etcd member",
+        "datastore-endpoint" | "datastore-cafile" | "datastore-certfile" | "datastore-keyfile" => {
+            "it replaces embedded etcd with an external datastore"
+        }
+        "node-name" | "with-node-id" => "a new node name is a new etcd member, not this server's",
+        "etcd-arg" => "it changes how etcd itself runs",
+        _ => return None,
+    })
+}
+
 /// `[levels]`: per-level settings. `full` has none: it is k3s as configured.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

@@ -23,6 +23,7 @@ pub mod hold;
 pub mod metrics;
 pub mod notify;
 pub mod pressure;
+pub mod psi_trigger;
 pub mod statefile;
 
 // Running steps, and the commands.

@@ -85,6 +85,13 @@ impl Default for PressureConfig {
 }
 
 impl PressureConfig {
+    /// The lines deciding reads: the `full` line only for a `full_*` metric,
+    /// MemAvailable only with a floor.
+    pub fn needs(&self) -> Needs {
+        let full_line = matches!(self.metric, Metric::FullAvg10 | Metric::FullAvg60 | Metric::FullAvg300);
+        Needs { full_line, mem_available: self.mem_available_floor.is_some() }
+    }
+
     /// The calm threshold in force: `calm_threshold`, or `threshold` when unset.
     pub fn calm_threshold(&self) -> f64 {
         self.calm_threshold.unwrap_or(self.threshold)
@@ -140,6 +147,14 @@ pub enum SampleError {
         path: PathBuf,
         what: &'static str,
     },
+    /// The file lacks a line the configuration needs and this kernel does not write
+    /// (no `full` line for a `full_*` metric, no MemAvailable with a floor set): no
+    /// sample can ever succeed, so this is fatal rather than a warning per sample.
+    Lacking {
+        path: PathBuf,
+        what: &'static str,
+        key: &'static str,
+    },
 }
 
 impl std::fmt::Display for SampleError {
@@ -153,6 +168,9 @@ impl std::fmt::Display for SampleError {
             ),
             SampleError::Io { path, cause } => write!(f, "reading {}: {cause}", path.display()),
             SampleError::Malformed { path, what } => write!(f, "{}: {what}", path.display()),
+            SampleError::Lacking { path, what, key } => {
+                write!(f, "{}: {what}, which {key} needs; change {key} or use a kernel that writes it", path.display())
+            }
         }
     }
 }
@@ -161,7 +179,7 @@ impl std::error::Error for SampleError {}
 
 impl SampleError {
     pub fn is_fatal(&self) -> bool {
-        matches!(self, SampleError::PsiUnavailable { .. })
+        matches!(self, SampleError::PsiUnavailable { .. } | SampleError::Lacking { .. })
     }
 }
 
@@ -182,7 +200,26 @@ const PSI_BUF: usize = 256;
 /// kernels may order differently; the whole file is about 1.5 KiB.
 const MEMINFO_BUF: usize = 8192;
 
+/// Which lines a sample needs: only these must be in the files.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Needs {
+    /// The metric is a `full_*` average (older kernels write no `full` line for memory).
+    pub full_line: bool,
+    /// A MemAvailable floor is set.
+    pub mem_available: bool,
+}
+
+impl Needs {
+    /// Everything: the strictest reading (`record`, which writes all columns).
+    pub const ALL: Needs = Needs { full_line: true, mem_available: true };
+}
+
+/// MemAvailable when the file has none and nothing needs it: the same "plenty"
+/// `simulate` uses for a trace without the column.
+pub const MEM_AVAILABLE_UNKNOWN: u64 = u64::MAX;
+
 pub struct Sampler<R: ReadAt = File> {
+    needs: Needs,
     psi_path: PathBuf,
     meminfo_path: PathBuf,
     psi: R,
@@ -214,6 +251,7 @@ fn is_unsupported(e: &io::Error) -> bool {
 impl<R: ReadAt> Sampler<R> {
     pub fn with_readers(psi_path: &Path, meminfo_path: &Path, psi: R, meminfo: R) -> Self {
         Sampler {
+            needs: Needs::ALL,
             psi_path: psi_path.to_path_buf(),
             meminfo_path: meminfo_path.to_path_buf(),
             psi,
@@ -221,6 +259,12 @@ impl<R: ReadAt> Sampler<R> {
             psi_buf: [0; PSI_BUF],
             meminfo_buf: Box::new([0; MEMINFO_BUF]),
         }
+    }
+
+    /// Requires only the lines `needs` names; the others may be missing.
+    pub fn needing(mut self, needs: Needs) -> Self {
+        self.needs = needs;
+        self
     }
 
     pub fn psi_path(&self) -> &Path {
@@ -236,23 +280,44 @@ impl<R: ReadAt> Sampler<R> {
                 SampleError::Io { path: self.psi_path.clone(), cause }
             }
         })?;
-        let psi = parse_psi(&self.psi_buf[..n])
-            .map_err(|what| SampleError::Malformed { path: self.psi_path.clone(), what })?;
+        let psi = match parse_psi_lines(&self.psi_buf[..n]) {
+            Ok((psi, true)) => psi,
+            Ok((psi, false)) if !self.needs.full_line => psi,
+            Ok(_) => {
+                let path = self.psi_path.clone();
+                return Err(SampleError::Lacking { path, what: "no \"full\" line", key: "pressure.metric" });
+            }
+            Err(what) => return Err(SampleError::Malformed { path: self.psi_path.clone(), what }),
+        };
         let n = read_whole(&self.meminfo, &mut self.meminfo_buf[..])
             .map_err(|cause| SampleError::Io { path: self.meminfo_path.clone(), cause })?;
-        let mem_available = parse_mem_available(&self.meminfo_buf[..n])
-            .map_err(|what| SampleError::Malformed { path: self.meminfo_path.clone(), what })?;
+        let mem_available = match parse_mem_available(&self.meminfo_buf[..n]) {
+            Ok(m) => m,
+            Err(NO_MEM_AVAILABLE) if !self.needs.mem_available => MEM_AVAILABLE_UNKNOWN,
+            Err(NO_MEM_AVAILABLE) => {
+                let (path, what) = (self.meminfo_path.clone(), NO_MEM_AVAILABLE);
+                return Err(SampleError::Lacking { path, what, key: "pressure.mem_available_floor" });
+            }
+            Err(what) => return Err(SampleError::Malformed { path: self.meminfo_path.clone(), what }),
+        };
         Ok(Sample { psi, mem_available })
     }
 }
 
 /// `pread`s from offset 0 until the buffer is full or the file ends. A file larger than
 /// the buffer is read as far as it fits: the parsers only need its start.
+///
+/// A read that returns less than asked for is taken as the end: a regular file reads
+/// short only there, and the kernel produces `/proc/meminfo` and a PSI file whole in
+/// one read. Not asking again saves a syscall per file per sample (callgrind and
+/// strace of a sample: two `pread`s per file before, the second returning 0).
 fn read_whole<R: ReadAt>(r: &R, buf: &mut [u8]) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
+        let asked = buf.len() - n;
         match r.read_at(&mut buf[n..], n as u64) {
             Ok(0) => break,
+            Ok(k) if k < asked => return Ok(n + k),
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -266,7 +331,21 @@ fn read_whole<R: ReadAt>(r: &R, buf: &mut [u8]) -> io::Result<usize> {
 /// some avg10=0.00 avg60=0.00 avg300=0.00 total=0
 /// full avg10=0.00 avg60=0.00 avg300=0.00 total=0
 /// ```
+///
+/// Both lines are required here; [`parse_psi_lines`] says whether `full` was there.
 pub fn parse_psi(text: &[u8]) -> Result<Psi, &'static str> {
+    match parse_psi_lines(text)? {
+        (psi, true) => Ok(psi),
+        (_, false) => Err("no \"full\" line"),
+    }
+}
+
+/// Parses the PSI file, tolerant where kernels differ: fields other than the three
+/// averages (`total=`, or any a newer kernel adds) are skipped, and the `full` line may
+/// be missing (older kernels have none for memory) — the bool says whether it was
+/// there. Strict where it matters: each line present needs all three averages, each a
+/// number in 0..=100, and the `some` line must be there.
+pub fn parse_psi_lines(text: &[u8]) -> Result<(Psi, bool), &'static str> {
     let mut psi = Psi::default();
     let (mut seen_some, mut seen_full) = (false, false);
     for line in text.split(|&b| b == b'\n') {
@@ -287,8 +366,7 @@ pub fn parse_psi(text: &[u8]) -> Result<Psi, &'static str> {
                 b"avg10" => 0,
                 b"avg60" => 1,
                 b"avg300" => 2,
-                b"total" => continue,
-                _ => return Err("unknown field (expected avg10, avg60, avg300, total)"),
+                _ => continue,
             };
             let v = parse_decimal(value).ok_or("an average that is not a number")?;
             if !(0.0..=100.0).contains(&v) {
@@ -305,10 +383,7 @@ pub fn parse_psi(text: &[u8]) -> Result<Psi, &'static str> {
     if !seen_some {
         return Err("no \"some\" line");
     }
-    if !seen_full {
-        return Err("no \"full\" line");
-    }
-    Ok(psi)
+    Ok((psi, seen_full))
 }
 
 /// Parses a non-negative decimal like `12.34` without allocating.
@@ -364,8 +439,10 @@ pub fn parse_mem_available(text: &[u8]) -> Result<u64, &'static str> {
             _ => Err("MemAvailable is not in kB"),
         };
     }
-    Err("no MemAvailable line (kernel older than 3.14?)")
+    Err(NO_MEM_AVAILABLE)
 }
+
+const NO_MEM_AVAILABLE: &str = "no MemAvailable line (kernel older than 3.14?)";
 
 #[cfg(test)]
 mod tests {
@@ -393,11 +470,42 @@ mod tests {
             "some avg10=1.00 avg60=-1.00 avg300=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
             "some avg10=101.00 avg60=1 avg300=1.00 total=1\nfull avg10=1.00 avg60=1.00 avg300=1.00 total=1\n",
             "cpu avg10=1.00\n",
+            "some avg10=1.00 avg60=1.00 avg300=1.00 total=1 future=x\nfull avg10=1 avg60=1 avg300=1\nsome avg10=x\n",
             "some avg10 avg60=1 avg300=1\n",
             "some avg10=1. avg60=1 avg300=1\nfull avg10=1 avg60=1 avg300=1\n",
         ] {
             assert!(parse_psi(bad.as_bytes()).is_err(), "accepted {bad:?}");
         }
+    }
+
+    #[test]
+    fn tolerates_extra_fields_and_a_missing_full_line() {
+        let extra = "some avg10=1.00 avg60=2.00 avg300=3.00 total=1 stall=9\nfull avg10=4 avg60=5 avg300=6 x=y\n";
+        let p = parse_psi(extra.as_bytes()).unwrap();
+        assert_eq!((p.some, p.full), ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]));
+        let (p, full) = parse_psi_lines(b"some avg10=1.00 avg60=2.00 avg300=3.00 total=1\n").unwrap();
+        assert_eq!((p.some, full), ([1.0, 2.0, 3.0], false));
+        assert!(parse_psi(b"some avg10=1.00 avg60=2.00 avg300=3.00 total=1\n").is_err());
+    }
+
+    #[test]
+    fn a_line_the_configuration_needs_and_the_kernel_lacks_is_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, "some avg10=1.00 avg60=2.00 avg300=3.00 total=1\n").unwrap();
+        std::fs::write(&mem, "MemTotal: 100 kB\n").unwrap();
+        let relaxed = Needs { full_line: false, mem_available: false };
+        let a = Sampler::open(&psi, &mem).unwrap().needing(relaxed).sample().unwrap();
+        assert_eq!((a.psi.some[0], a.mem_available), (1.0, MEM_AVAILABLE_UNKNOWN));
+        let e = Sampler::open(&psi, &mem).unwrap().needing(Needs { full_line: true, ..relaxed }).sample().unwrap_err();
+        assert!(e.is_fatal() && e.to_string().contains("pressure.metric"), "{e}");
+        let e =
+            Sampler::open(&psi, &mem).unwrap().needing(Needs { mem_available: true, ..relaxed }).sample().unwrap_err();
+        assert!(e.is_fatal() && e.to_string().contains("pressure.mem_available_floor"), "{e}");
+        // A value that does not parse may be a fixture caught mid-write: not fatal.
+        std::fs::write(&psi, "some avg10=x avg60=2.00 avg300=3.00 total=1\n").unwrap();
+        let e = Sampler::open(&psi, &mem).unwrap().needing(relaxed).sample().unwrap_err();
+        assert!(!e.is_fatal(), "{e}");
     }
 
     #[test]

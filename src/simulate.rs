@@ -28,6 +28,10 @@ pub const COLUMNS: [&str; 8] = {
     c
 };
 
+/// The latest `t` a trace may have: about 31,700 years, far from where adding a
+/// sustain or cooldown to it could overflow a `Duration`.
+const MAX_T: f64 = 1e12;
+
 /// One line of `simulate`'s output.
 #[derive(Debug, PartialEq, serde::Serialize)]
 pub struct StepLine {
@@ -107,6 +111,9 @@ pub fn replay(
             Ok(v)
         };
         let t = num(t_col)?;
+        if t > MAX_T {
+            bail!("line {lineno}: t = {t} is past the end of any trace (at most {MAX_T} seconds)");
+        }
         if last_t.is_some_and(|l| t < l) {
             bail!("line {lineno}: t = {t} goes back in time");
         }
@@ -240,6 +247,9 @@ mod tests {
         assert!(e("t,some_avg10,mem_available_kb\n10,1,1\n5,1,1\n").contains("back in time"));
         assert!(e("t,some_avg10,mem_available_kb\n10,1\n").contains("line 2"));
         assert!(e("t,some_avg10,mem_available_kb\n10,-1,1\n").contains("0 or more"));
+        // A time too large for a Duration is an error naming the line, not an abort.
+        let msg = e("t,some_avg10,mem_available_kb\n1e30,1,1\n");
+        assert!(msg.contains("line 2") && msg.contains("t = "), "{msg}");
     }
 
     #[test]

@@ -24,6 +24,12 @@ pub struct Published {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stepping: Option<Level>,
     pub dry_run: bool,
+    /// How `watch` waits for its next sample: asleep on the PSI trigger, or polling.
+    #[serde(default)]
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    #[serde(default)]
+    pub trigger: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -63,7 +69,8 @@ impl Published {
 
     /// The core's state on a Unix-epoch time axis, for `status`'s arithmetic.
     pub fn state(&self) -> Option<State> {
-        let d = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        // The file is outside data: a time that is no Duration reads as zero.
+        let d = |s: f64| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default();
         Some(State {
             level: self.level?,
             over_since: self.over_since.map(d),

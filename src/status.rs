@@ -30,6 +30,10 @@ pub struct Status {
     pub step_up: StepUp,
     /// Whether a `watch` is running and has published its state.
     pub watch_running: bool,
+    /// How that `watch` waits: `trigger` (asleep on the PSI trigger) or `polling`.
+    pub pacing: Option<crate::psi_trigger::Pacing>,
+    /// The armed trigger, or why there is none.
+    pub trigger: Option<String>,
     pub over_since: Option<f64>,
     pub calm_since: Option<f64>,
     pub last_step: Option<LastStep>,
@@ -75,7 +79,7 @@ pub struct NextStep {
 }
 
 pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.sample()?;
+    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs()).sample()?;
     let settings = cfg.core_settings();
     let published = Published::read_live(&cfg.state_file);
     let status = runtime()?.block_on(async {
@@ -133,6 +137,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             psi: sample.psi,
             step_up: settings.step_up,
             watch_running: published.is_some(),
+            pacing: published.as_ref().and_then(|p| p.pacing),
+            trigger: published.as_ref().and_then(|p| p.trigger.clone()),
             over_since: published.as_ref().and_then(|p| p.over_since),
             calm_since: published.as_ref().and_then(|p| p.calm_since),
             last_step: published.as_ref().and_then(|p| p.last_step.clone()),
@@ -179,7 +185,11 @@ pub fn render(s: &Status, now: f64) -> String {
         "pressure:       {} {:.2}% (over at >= {}, calm below {})\n",
         s.metric, s.pressure, s.threshold, s.calm_threshold
     );
-    o += &format!("MemAvailable:   {} MiB (floor {floor})\n", s.mem_available >> 20);
+    let available = match s.mem_available {
+        crate::pressure::MEM_AVAILABLE_UNKNOWN => "unknown (not in the file; no floor needs it)".to_string(),
+        m => format!("{} MiB", m >> 20),
+    };
+    o += &format!("MemAvailable:   {available} (floor {floor})\n");
     o += &format!("this sample:    {}\n", s.reading.as_str());
     o += &format!("step up:        {}\n", step_up_word(s.step_up));
     if !s.watch_running {
@@ -189,6 +199,14 @@ pub fn render(s: &Status, now: f64) -> String {
             (Some(t), _) => o += &format!("streak:         over for {}\n", ago(now, t)),
             (_, Some(t)) => o += &format!("streak:         calm for {}\n", ago(now, t)),
             _ => o += "streak:         none\n",
+        }
+        match s.pacing {
+            Some(crate::psi_trigger::Pacing::Trigger) => o += "watch waits:    asleep on the PSI trigger\n",
+            Some(crate::psi_trigger::Pacing::Polling) => o += "watch waits:    sampling every sample_period\n",
+            None => {}
+        }
+        if let Some(t) = &s.trigger {
+            o += &format!("PSI trigger:    {t}\n");
         }
     }
     match &s.last_step {

@@ -53,6 +53,8 @@ pub struct SystemdConfig {
     /// How long, after etcd is healthy, the Node may take to be Ready on a heartbeat
     /// newer than the restart (levels that run the agent) before the restart is undone.
     pub ready_timeout: HumanDuration,
+    /// The bound on connecting to the system bus and on each D-Bus call to systemd.
+    pub call_timeout: HumanDuration,
 }
 
 impl Default for SystemdConfig {
@@ -64,6 +66,7 @@ impl Default for SystemdConfig {
             etcd_health_url: "http://127.0.0.1:2381/health".into(),
             health_timeout: HumanDuration(Duration::from_secs(300)),
             ready_timeout: HumanDuration(Duration::from_secs(300)),
+            call_timeout: HumanDuration(Duration::from_secs(10)),
         }
     }
 }
@@ -73,14 +76,20 @@ impl SystemdConfig {
         if !self.unit.ends_with(".service") {
             bail!("systemd.unit = {:?} must name a .service unit", self.unit);
         }
-        if self.dropin.extension().is_none_or(|e| e != "yaml") {
-            bail!("systemd.dropin = {:?} must end in .yaml (k3s reads only config.yaml.d/*.yaml)", self.dropin);
+        if !self.dropin.file_name().is_some_and(|n| dropin::is_k3s_config_name(&n.to_string_lossy())) {
+            bail!(
+                "systemd.dropin = {:?} must end in .yaml or .yml (k3s reads only config.yaml.d/*.yaml and *.yml)",
+                self.dropin
+            );
         }
         if self.health_timeout.0.is_zero() {
             bail!("systemd.health_timeout must be more than 0");
         }
         if self.ready_timeout.0.is_zero() {
             bail!("systemd.ready_timeout must be more than 0");
+        }
+        if self.call_timeout.0.is_zero() {
+            bail!("systemd.call_timeout must be more than 0");
         }
         HealthUrl::parse("systemd.etcd_health_url", &self.etcd_health_url)?;
         Ok(())
@@ -115,10 +124,56 @@ impl SystemdActuator {
     /// where `level` runs the agent, the Node is Ready on a heartbeat newer than the
     /// restart. Never waits on the restart job itself.
     async fn restart_into(&self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let (systemd, before) = self.connect().await?;
+        self.restart_with(&systemd, before, level, readiness).await
+    }
+
+    /// Reaches systemd and reads the unit's state, before anything is changed: a bus
+    /// that does not answer refuses the step with the drop-in untouched.
+    async fn connect(&self) -> anyhow::Result<(dbus::Systemd, dbus::UnitState)> {
+        let systemd = dbus::Systemd::connect(&self.cfg.unit, self.cfg.call_timeout.0).await?;
+        let before = systemd.state().await?;
+        Ok((systemd, before))
+    }
+
+    /// The flag names regrade's drop-in sets at any level.
+    fn our_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = Level::ALL.iter().flat_map(|&l| self.levels.k3s_flags(l).into_keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// Refuses a restart whose flags k3s would not run with: a drop-in read after
+    /// regrade's, or k3s's command line, sets one of regrade's keys again.
+    async fn check_overrides(&self, systemd: &dbus::Systemd) -> anyhow::Result<()> {
+        let ours = self.our_keys();
+        let mut found = dropin::later_overrides(&self.cfg.dropin, &ours)?;
+        match systemd.exec_start().await {
+            Ok(commands) => {
+                for argv in commands {
+                    found.extend(dropin::command_line_overrides(&argv, &ours));
+                }
+            }
+            // Not every unit is a plain service with a readable ExecStart: the files
+            // are still checked.
+            Err(e) => tracing::debug!(error = %format!("{e:#}"), "could not read k3s's ExecStart"),
+        }
+        match found.first() {
+            None => Ok(()),
+            Some(o) => bail!("{o}; remove {:?} there, or regrade cannot step k3s", o.key),
+        }
+    }
+
+    async fn restart_with(
+        &self,
+        systemd: &dbus::Systemd,
+        before: dbus::UnitState,
+        level: Level,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
         let unit = &self.cfg.unit;
         let timeout = self.cfg.health_timeout.0;
-        let systemd = dbus::Systemd::connect(unit).await?;
-        let before = systemd.state().await?;
         let deadline = Instant::now() + timeout;
         systemd.restart().await?;
         tracing::info!(unit = %unit, level = %level, "restarted k3s; waiting for a new process and etcd's health");
@@ -238,10 +293,12 @@ impl Actuator for SystemdActuator {
             return record::write(&self.cfg.record, level);
         }
         let previous = dropin::snapshot(&self.cfg.dropin)?;
+        let unchanged = || format!("stepping k3s from {from} to {level}: nothing was changed");
+        let (systemd, before) = self.connect().await.with_context(unchanged)?;
+        self.check_overrides(&systemd).await.with_context(unchanged)?;
         // A failed write leaves the old file whole (see dropin::put): nothing to undo.
-        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes))
-            .with_context(|| format!("stepping k3s from {from} to {level}: nothing was changed"))?;
-        match self.restart_into(level, readiness).await {
+        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes)).with_context(unchanged)?;
+        match self.restart_with(&systemd, before, level, readiness).await {
             Ok(()) => Ok(()),
             Err(failure) => {
                 tracing::error!(error = %format!("{failure:#}"), from = %from, to = %level, "step failed; restoring");

@@ -282,7 +282,9 @@ impl Endpoints {
     }
 }
 
-/// `https://addr:port` for each ready address in an EndpointSlice.
+/// `https://addr:port` for each ready address in an EndpointSlice. Only IP addresses
+/// of the slice's own family are taken: the slice is data from the cluster, and a
+/// string that is no address must not turn into some other URL.
 pub fn urls_of(slice: &EndpointSlice) -> Vec<String> {
     let port = slice
         .ports
@@ -290,6 +292,8 @@ pub fn urls_of(slice: &EndpointSlice) -> Vec<String> {
         .flatten()
         .find(|p| p.name.as_deref().is_none_or(|n| n == "https"))
         .and_then(|p| p.port)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p != 0)
         .unwrap_or(6443);
     let v6 = slice.address_type == "IPv6";
     slice
@@ -297,7 +301,11 @@ pub fn urls_of(slice: &EndpointSlice) -> Vec<String> {
         .iter()
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
         .flat_map(|e| e.addresses.iter())
-        .map(|a| if v6 { format!("https://[{a}]:{port}") } else { format!("https://{a}:{port}") })
+        .filter_map(|a| match a.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(ip)) if v6 => Some(format!("https://[{ip}]:{port}")),
+            Ok(std::net::IpAddr::V4(ip)) if !v6 => Some(format!("https://{ip}:{port}")),
+            _ => None,
+        })
         .collect()
 }
 
@@ -343,6 +351,16 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(urls_of(&v6), ["https://[fd00::1]:6443"]);
+        // Anything that is not an address of the slice's family is dropped.
+        let odd = EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints: vec![SliceEndpoint {
+                addresses: vec!["evil.example/x".into(), "fd00::2".into(), "10.0.0.3".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(urls_of(&odd), ["https://10.0.0.3:6443"]);
     }
 
     #[test]

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Api;
 // tokio's clock, so paused-time tests can drive the renewals and the expiry by our
@@ -91,12 +90,9 @@ impl LeaseLock {
             }
         };
         let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
-        let by_own_clock = now.duration_since(first_seen) >= duration + EXPIRY_MARGIN;
-        let by_renew_time = spec.renew_time.as_ref().is_none_or(|t| {
-            let until = t.0 + duration + EXPIRY_MARGIN;
-            until < Timestamp::now()
-        });
-        if by_own_clock || by_renew_time {
+        // Only our own observation counts: `renewTime` is the holder's wall clock,
+        // and a reader whose clock runs ahead would see a live Lease as expired.
+        if now.duration_since(first_seen) >= duration + EXPIRY_MARGIN {
             Seen::Expired(lease)
         } else {
             Seen::Held { holder, lease }
@@ -129,7 +125,7 @@ impl LeaseLock {
     /// ours. A held Lease, or losing a race for it (409), refuses.
     pub async fn acquire(&self, eps: &Endpoints) -> Result<(), Refusal> {
         let seen = self.classify(self.get(eps).await.map_err(unreachable)?);
-        let now = MicroTime(Timestamp::now());
+        let now = MicroTime(super::clock::wall_now());
         // Who won is not known here; the next look at the Lease names them.
         let lost = || Refusal {
             kind: RefusalKind::LeaseHeld,
@@ -210,7 +206,7 @@ impl LeaseLock {
                 return anyhow::anyhow!("Lease {}/{} is not held", self.namespace, self.name);
             };
             if let Some(spec) = lease.spec.as_mut() {
-                spec.renew_time = Some(MicroTime(Timestamp::now()));
+                spec.renew_time = Some(MicroTime(super::clock::wall_now()));
             }
             match self.replace(eps, &lease).await {
                 Ok(l) => {

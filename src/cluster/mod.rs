@@ -5,6 +5,7 @@
 //! [`KubeCluster`] is the real one. It is lazy: it reads the kubeconfig and talks to
 //! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
 
+pub mod clock;
 pub mod endpoints;
 pub mod events;
 pub mod lease;
@@ -58,6 +59,9 @@ pub struct ClusterConfig {
     pub tls_server_name: String,
     /// How long one API request may take before the next endpoint is tried.
     pub request_timeout: HumanDuration,
+    /// How far this server's clock may be off the API server's before steps are
+    /// refused (`clock-skew`).
+    pub max_clock_skew: HumanDuration,
     /// Where the API servers discovered from `default/kubernetes` are cached, for when
     /// the local one is disabled (`etcd-only`). Used only without `api_servers`.
     pub endpoints_cache: PathBuf,
@@ -75,6 +79,7 @@ impl Default for ClusterConfig {
             level_label: "regrade.dev/level".into(),
             taint_key: "regrade.dev/stepped-down".into(),
             peer_heartbeat_timeout: HumanDuration(Duration::from_secs(40)),
+            max_clock_skew: HumanDuration(Duration::from_secs(30)),
             set_annotation: "regrade.dev/set".into(),
             tls_server_name: "kubernetes".into(),
             request_timeout: HumanDuration(Duration::from_secs(10)),
@@ -236,10 +241,12 @@ impl KubeCluster {
     /// restarts k3s (and its etcd member) still needs every other voter Ready, or the
     /// restart could cost quorum.
     async fn check_peers(&self, step: &Step) -> Result<(), Refusal> {
+        let skew = self.check_clock().await?;
         let gate = PeerGate {
             node_name: &self.node_name,
             level_label: &self.cfg.level_label,
             heartbeat_timeout: self.cfg.peer_heartbeat_timeout.0,
+            server_now: skew.server_now(),
         };
         match step.direction {
             Direction::Down => gate.check_for_step_down(&self.endpoints).await,
@@ -248,6 +255,44 @@ impl KubeCluster {
             }
             Direction::Up => Ok(()),
         }
+    }
+}
+
+impl KubeCluster {
+    /// This server's clock against the API server's (its `Date` header on `/version`,
+    /// which every authenticated client may read). Refuses when it is off by more
+    /// than `cluster.max_clock_skew`.
+    pub async fn check_clock(&self) -> Result<clock::Skew, Refusal> {
+        let (date, ours) = self
+            .endpoints
+            .call("get /version", |c| async move {
+                let request = http::Request::get("/version").body(Vec::new()).expect("a static request");
+                let response = c.send(request.map(kube::client::Body::from)).await?;
+                let date = response.headers().get(http::header::DATE).and_then(|d| d.to_str().ok()).map(String::from);
+                Ok((date, clock::wall_now()))
+            })
+            .await
+            .map_err(lease::unreachable)?;
+        let subject = "clock".to_string();
+        let Some(skew) = date.as_deref().and_then(|d| clock::Skew::from_date_header(d, ours)) else {
+            return Err(Refusal {
+                kind: RefusalKind::ClockSkew,
+                subject,
+                message: format!("the API server's answer had no readable Date header ({date:?}) to check this server's clock against"),
+            });
+        };
+        let bound = self.cfg.max_clock_skew.0;
+        if skew.magnitude() > bound {
+            return Err(Refusal {
+                kind: RefusalKind::ClockSkew,
+                subject,
+                message: format!(
+                    "{skew} (more than cluster.max_clock_skew = {}s): fix the clock (NTP) first",
+                    bound.as_secs()
+                ),
+            });
+        }
+        Ok(skew)
     }
 }
 

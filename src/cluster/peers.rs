@@ -23,6 +23,9 @@ pub struct PeerGate<'a> {
     pub node_name: &'a str,
     pub level_label: &'a str,
     pub heartbeat_timeout: Duration,
+    /// The API server's time now: node Lease ages are judged on its clock, not on
+    /// this server's (see `clock`).
+    pub server_now: Timestamp,
 }
 
 /// Whether a peer that carries the level label (is stepped down) refuses the step.
@@ -71,7 +74,7 @@ impl PeerGate<'_> {
         let mut peers: Vec<Node> =
             nodes.items.into_iter().filter(|n| n.metadata.name.as_deref() != Some(self.node_name)).collect();
         peers.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let now = Timestamp::now();
+        let now = self.server_now;
         for peer in &peers {
             if let Some(why) = self.unfit(peer, &renewed, now, stepped_down) {
                 return Err(why);

@@ -20,6 +20,8 @@ pub enum RefusalKind {
     /// An API call answered with an error (RBAC, a server error), or the Node's marks
     /// could not be set before anything had changed.
     ApiError,
+    /// This server's clock is too far off the API server's to judge peers' heartbeats.
+    ClockSkew,
     /// A NixOS switch that turns regrade off holds steps until regrade.service stops
     /// (the hold file, `crate::hold`).
     SwitchHold,
@@ -37,12 +39,13 @@ pub enum RefusalKind {
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 10] = [
+    pub const ALL: [RefusalKind; 11] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
         RefusalKind::ApiUnreachable,
         RefusalKind::ApiError,
+        RefusalKind::ClockSkew,
         RefusalKind::SwitchHold,
         RefusalKind::EtcdMemberUnhealthy,
         RefusalKind::EtcdTooFewVoters,
@@ -57,6 +60,7 @@ impl RefusalKind {
             RefusalKind::PeerSteppedDown => "peer-stepped-down",
             RefusalKind::ApiUnreachable => "api-unreachable",
             RefusalKind::ApiError => "api-error",
+            RefusalKind::ClockSkew => "clock-skew",
             RefusalKind::SwitchHold => "switch-hold",
             RefusalKind::EtcdMemberUnhealthy => "etcd-member-unhealthy",
             RefusalKind::EtcdTooFewVoters => "etcd-too-few-voters",

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::backend::{self, Backend};
 use crate::cluster::StepEvent;
@@ -23,6 +23,7 @@ use crate::decide::Step;
 use crate::level::Level;
 use crate::metrics::{self, METRICS};
 use crate::pressure::Sampler;
+use crate::psi_trigger::{self, Cause, Pacer, Pacing, Wake};
 use crate::runtime::{lock_memory, runtime};
 use crate::step::{self, Outcome};
 use start::{decide_start, NodeLabel, StartDecision};
@@ -39,7 +40,7 @@ pub enum Mode {
 
 pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     // Open the files first: no PSI means stop at once (docs/behaviour.md, "Pressure").
-    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
+    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs());
     lock_memory();
     runtime()?.block_on(async {
         if let Some(addr) = cfg.metrics.listen {
@@ -83,6 +84,8 @@ struct Watcher<'a> {
     /// reboot at `control-plane`, see [`start`].)
     level_checked: Instant,
     actuator_level: Level,
+    /// Samples every `sample_period`, or sleeps on the PSI trigger when calm at the top.
+    pacer: Pacer,
 }
 
 /// How often `watch` re-reads the level, to notice a hand step (`regrade step`).
@@ -102,9 +105,18 @@ impl<'a> Watcher<'a> {
             (level, marks_pending) = (decision.level(actuator_level), decision.marks_pending());
             backend.cluster.disconnect();
         }
-        tracing::info!(level = %level, dry_run = mode == Mode::DryRun, "regrade watch starting");
+        let (trigger, described) =
+            psi_trigger::arm_for_watch(&cfg.pressure.source, cfg.pressure.metric, cfg.pressure.threshold);
+        let mut ticker = Ticker::new(cfg, sampler, levels, level, mode);
+        let period = cfg.pressure.sample_period.0;
+        let pacer = Pacer::new(period, psi_trigger::HOLD_AFTER_FIRE, trigger, ticker.notifier.watchdog_period())
+            .context("setting up the PSI trigger's wait")?;
+        tracing::info!(
+            level = %level, dry_run = mode == Mode::DryRun, pacing = %pacer.mode(), trigger = %described,
+            "regrade watch starting"
+        );
         say_what_is_read(cfg, mode);
-        let ticker = Ticker::new(cfg, sampler, levels, level, mode);
+        ticker.set_pacing(pacer.mode(), Some(&described));
         Ok(Watcher {
             cfg,
             backend,
@@ -114,19 +126,30 @@ impl<'a> Watcher<'a> {
             marks_pending,
             level_checked: Instant::now(),
             actuator_level,
+            pacer,
         })
     }
 
     /// Samples every `pressure.sample_period` until `shutdown` completes (a signal).
     async fn run_until(&mut self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         tokio::pin!(shutdown);
-        let mut ticks = tokio::time::interval(self.cfg.pressure.sample_period.0);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut ready = false;
         loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
+            let wake = tokio::select! {
+                w = self.pacer.next() => w,
                 _ = &mut shutdown => break,
+            };
+            match wake {
+                Wake::Watchdog => {
+                    // Asleep on the trigger under systemd: a ping and nothing else.
+                    self.ticker.notifier.watchdog();
+                    continue;
+                }
+                Wake::Sample(Cause::Fired) => {
+                    tracing::info!(pacing = %Pacing::Polling, "the PSI trigger fired; sampling every sample_period");
+                    self.ticker.set_pacing(Pacing::Polling, None);
+                }
+                Wake::Sample(_) => {}
             }
             let t = self.origin.elapsed();
             let proposed = self.ticker.tick(t)?;
@@ -146,6 +169,16 @@ impl<'a> Watcher<'a> {
             // A hand step just noticed may have made the proposal stale.
             if let Some(step) = proposed.filter(|s| s.from == self.ticker.state.level) {
                 self.step(t, &step).await;
+            }
+            let calm = self.ticker.calm_at_top() && !self.marks_pending;
+            if let Some(pacing) = self.pacer.after_sample(calm) {
+                match pacing {
+                    Pacing::Trigger => {
+                        tracing::info!(pacing = %pacing, "calm at the top level: asleep on the PSI trigger")
+                    }
+                    Pacing::Polling => tracing::info!(pacing = %pacing, "sampling every sample_period"),
+                }
+                self.ticker.set_pacing(pacing, None);
             }
         }
         self.ticker.notifier.stopping();
@@ -399,5 +432,99 @@ mod tests {
             // Samples every 5 s from 0; the first at or after 60 s since start checks.
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(60)));
         });
+    }
+
+    use crate::decide::Direction;
+
+    /// One path of [`trigger_and_polling_make_the_same_decisions`]: the pacing of
+    /// `Watcher::run` (wait, sample, run the proposed step, choose how to wait next)
+    /// over fixture files that `timeline` rewrites in real time. `fire` is sent the
+    /// moment pressure reaches `threshold`, as the kernel fires a PSI trigger.
+    fn run_path(trigger: bool) -> (Vec<(Duration, Direction, Level, Level)>, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        let write_psi = |p: f64| {
+            std::fs::write(
+                &psi,
+                format!("some avg10={p:.2} avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n"),
+            )
+            .unwrap()
+        };
+        write_psi(0.0);
+        std::fs::write(&mem, "MemAvailable: 1000000 kB\n").unwrap();
+        let cfg = Config::parse(&format!(
+            "state_file = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\nmem_available_floor = \"none\"\n\
+             sample_period = \"100ms\"\nsustain = \"400ms\"\ncooldown = \"800ms\"\n",
+            dir.path().join("state.json")
+        ))
+        .unwrap();
+        let ms = Duration::from_millis;
+        let (rx, tx) = crate::psi_trigger::tests::urgent();
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::DryRun);
+        let origin = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // (when, pressure): calm at full, over (two steps down), calm (two steps
+                // up, back at full), over again.
+                for (at, p) in [(1000, 60.0), (2500, 0.0), (4500, 60.0)] {
+                    std::thread::sleep(ms(at).saturating_sub(origin.elapsed()));
+                    write_psi(p);
+                    if p >= 40.0 && trigger {
+                        crate::psi_trigger::tests::fire(&tx);
+                    }
+                }
+            });
+            runtime().unwrap().block_on(async {
+                let mut pacer =
+                    Pacer::with_safety(ms(100), ms(300), Duration::from_secs(60), trigger.then_some(rx), None).unwrap();
+                let (mut steps, mut samples) = (vec![], 0);
+                while origin.elapsed() < ms(5500) {
+                    if pacer.next().await == Wake::Watchdog {
+                        continue;
+                    }
+                    let t = origin.elapsed();
+                    samples += 1;
+                    if let Some(step) = ticker.tick(t).unwrap() {
+                        ticker.state.step_ran(t, step.to); // a dry run's step: done
+                        steps.push((t, step.direction, step.from, step.to));
+                    }
+                    pacer.after_sample(ticker.calm_at_top());
+                }
+                (steps, samples)
+            })
+        })
+    }
+
+    /// The same pressure, fed to `watch` asleep on a trigger and to `watch` polling:
+    /// the same steps, in the same order, none later; the trigger path sleeps through
+    /// the calm at `full`.
+    #[test]
+    fn trigger_and_polling_make_the_same_decisions() {
+        let (polled, triggered) = std::thread::scope(|s| {
+            let p = s.spawn(|| run_path(false));
+            let t = s.spawn(|| run_path(true));
+            (p.join().unwrap(), t.join().unwrap())
+        });
+        let kinds = |v: &[(Duration, Direction, Level, Level)]| v.iter().map(|s| (s.1, s.2, s.3)).collect::<Vec<_>>();
+        use Level::*;
+        let expected = [
+            (Direction::Down, Full, ControlPlane),
+            (Direction::Down, ControlPlane, EtcdOnly),
+            (Direction::Up, EtcdOnly, ControlPlane),
+            (Direction::Up, ControlPlane, Full),
+            (Direction::Down, Full, ControlPlane),
+        ];
+        assert_eq!(kinds(&polled.0), expected, "polling: {:?}", polled.0);
+        assert_eq!(kinds(&triggered.0), expected, "trigger: {:?}", triggered.0);
+        for (p, t) in polled.0.iter().zip(&triggered.0) {
+            // Within a period (100 ms) and some scheduling noise of each other.
+            let gap = p.0.abs_diff(t.0);
+            assert!(gap < Duration::from_millis(250), "polling at {:?}, trigger at {:?}", p.0, t.0);
+        }
+        // Polling samples about 55 times in 5.5 s; the trigger path sleeps through the
+        // calm at full (0-1 s, and from about 4.1 s to 4.5 s) apart from the hold.
+        assert!(polled.1 >= 45, "{} polling samples", polled.1);
+        assert!(triggered.1 + 8 <= polled.1, "trigger path: {} samples, polling {}", triggered.1, polled.1);
     }
 }

@@ -13,6 +13,7 @@ use crate::level::Level;
 use crate::metrics::METRICS;
 use crate::notify::Notifier;
 use crate::pressure::{SampleError, Sampler};
+use crate::psi_trigger::{self, Pacing};
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 use crate::step::Outcome;
 
@@ -31,7 +32,8 @@ pub struct Ticker {
     pub good_samples: u64,
     /// Set when a step ran or was refused, so the next publish writes the file.
     dirty: bool,
-    /// The last sample's reading, to log each change of it.
+    /// The last sample's reading, to log each change of it; the pacer sleeps only
+    /// after a calm one.
     last_reading: Option<Reading>,
     wall_origin: SystemTime,
 }
@@ -52,6 +54,20 @@ impl Ticker {
             last_reading: None,
             wall_origin: SystemTime::now(),
         }
+    }
+
+    /// Whether `watch` may sleep on the PSI trigger (see [`psi_trigger::calm_at_top`]).
+    pub fn calm_at_top(&self) -> bool {
+        psi_trigger::calm_at_top(&self.state, self.last_reading, &self.settings, &self.levels)
+    }
+
+    /// Publishes how `watch` waits (written at once: it changes rarely).
+    pub(super) fn set_pacing(&mut self, pacing: Pacing, trigger: Option<&str>) {
+        self.published.pacing = Some(pacing);
+        if let Some(t) = trigger {
+            self.published.trigger = Some(t.to_string());
+        }
+        self.mark_dirty();
     }
 
     /// One sample at `t` (time since the watcher started). Returns the step the core

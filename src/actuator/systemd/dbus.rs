@@ -1,8 +1,15 @@
 //! systemd's D-Bus API (org.freedesktop.systemd1) on the system bus: restart a unit
 //! and watch its ActiveState and InvocationID. The bus address comes from
 //! `DBUS_SYSTEM_BUS_ADDRESS` when set (tests reach a container's bus this way).
+//!
+//! Every call is bounded: zbus sets no timeout of its own, and PID 1 or the bus broker
+//! stalling is likely under the very memory pressure regrade reacts to. A call that
+//! fails transiently (no reply in time, the broker busy, systemd re-executing) is
+//! tried again a few times within the same bound before the caller sees an error, so
+//! a hiccup of the bus does not undo a restart that went well.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use anyhow::Context;
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
@@ -11,6 +18,7 @@ const SYSTEMD: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
+const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 
 /// What a unit is doing now, read fresh (never from a property cache).
 #[derive(Debug, Clone, PartialEq)]
@@ -35,17 +43,77 @@ impl std::fmt::Display for UnitState {
     }
 }
 
+/// How many times a call that failed transiently is made in all.
+const ATTEMPTS: u32 = 3;
+
+/// Whether a failed call may succeed when made again: no answer in time, the broker
+/// or systemd busy or restarting. A definite answer (no such unit, access denied, a
+/// bad argument) is not tried again.
+pub fn is_transient(e: &zbus::Error) -> bool {
+    match e {
+        zbus::Error::InputOutput(_) => true,
+        zbus::Error::MethodError(name, _, _) => matches!(
+            name.as_str(),
+            "org.freedesktop.DBus.Error.NoReply"
+                | "org.freedesktop.DBus.Error.Timeout"
+                | "org.freedesktop.DBus.Error.TimedOut"
+                | "org.freedesktop.DBus.Error.ServiceUnknown"
+                | "org.freedesktop.DBus.Error.NameHasNoOwner"
+                | "org.freedesktop.DBus.Error.Disconnected"
+                | "org.freedesktop.DBus.Error.LimitsExceeded"
+        ),
+        _ => false,
+    }
+}
+
 pub struct Systemd {
     conn: Connection,
     unit: String,
+    timeout: Duration,
 }
 
 impl Systemd {
-    pub async fn connect(unit: &str) -> anyhow::Result<Systemd> {
-        let conn = Connection::system().await.context(
-            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd",
-        )?;
-        Ok(Systemd { conn, unit: unit.to_string() })
+    /// Connects to the system bus; `timeout` bounds the connection and every call.
+    pub async fn connect(unit: &str, timeout: Duration) -> anyhow::Result<Systemd> {
+        const WHAT: &str =
+            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd";
+        let build = async { zbus::connection::Builder::system().method_timeout(timeout).build().await };
+        let conn = tokio::time::timeout(timeout, build)
+            .await
+            .map_err(|_| anyhow::anyhow!("{WHAT}: no answer within {}", crate::units::format_duration(timeout)))?
+            .context(WHAT)?;
+        Ok(Systemd { conn, unit: unit.to_string(), timeout })
+    }
+
+    /// One method call to systemd, each attempt bounded by the timeout, transient
+    /// failures tried again (see [`is_transient`]).
+    async fn call<B, R>(&self, path: &str, interface: &str, method: &str, body: &B) -> zbus::Result<R>
+    where
+        B: serde::Serialize + zbus::DynamicType,
+        R: for<'d> zbus::wire::DynamicDeserialize<'d>,
+    {
+        let mut attempt = 1;
+        loop {
+            let once = async {
+                let reply = self.conn.call_method(Some(SYSTEMD), path, Some(interface), method, body).await?;
+                reply.body().deserialize()
+            };
+            let result = match tokio::time::timeout(self.timeout, once).await {
+                Ok(r) => r,
+                Err(_) => Err(zbus::Error::InputOutput(std::sync::Arc::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("systemd did not answer {method} within {}", crate::units::format_duration(self.timeout)),
+                )))),
+            };
+            match result {
+                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                    tracing::warn!(method, attempt, error = %e, "a call to systemd failed transiently; trying again");
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     async fn manager_call<B, R>(&self, method: &str, body: &B) -> zbus::Result<R>
@@ -53,8 +121,7 @@ impl Systemd {
         B: serde::Serialize + zbus::DynamicType,
         R: for<'d> zbus::wire::DynamicDeserialize<'d>,
     {
-        let reply = self.conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), method, body).await?;
-        reply.body().deserialize()
+        self.call(MANAGER_PATH, MANAGER, method, body).await
     }
 
     /// One property, read fresh with org.freedesktop.DBus.Properties.Get.
@@ -63,18 +130,10 @@ impl Systemd {
         T: TryFrom<OwnedVariant>,
         T::Error: Into<zbus::Error>,
     {
-        let reply = self
-            .conn
-            .call_method(
-                Some(SYSTEMD),
-                path.as_str(),
-                Some("org.freedesktop.DBus.Properties"),
-                "Get",
-                &(interface, name),
-            )
+        let value: OwnedVariant = self
+            .call(path.as_str(), PROPERTIES, "Get", &(interface, name))
             .await
             .with_context(|| format!("reading {}'s {name}", self.unit))?;
-        let value: OwnedVariant = reply.body().deserialize()?;
         T::try_from(value).map_err(|e| anyhow::anyhow!("{}'s {name}: {}", self.unit, e.into()))
     }
 
@@ -92,13 +151,10 @@ impl Systemd {
     /// InvocationID, which reads as a start that failed).
     pub async fn state(&self) -> anyhow::Result<UnitState> {
         let path = self.unit_path().await?;
-        let reply = self
-            .conn
-            .call_method(Some(SYSTEMD), path.as_str(), Some("org.freedesktop.DBus.Properties"), "GetAll", &(UNIT,))
+        let mut all: HashMap<String, OwnedVariant> = self
+            .call(path.as_str(), PROPERTIES, "GetAll", &(UNIT,))
             .await
             .with_context(|| format!("reading {}'s properties", self.unit))?;
-        let mut all: HashMap<String, OwnedVariant> =
-            reply.body().deserialize().with_context(|| format!("reading {}'s properties", self.unit))?;
         Ok(UnitState {
             active: self.take(&mut all, "ActiveState")?,
             sub: self.take(&mut all, "SubState")?,
@@ -115,6 +171,15 @@ impl Systemd {
         T::try_from(value).map_err(|e| anyhow::anyhow!("{}'s {name}: {}", self.unit, e.into()))
     }
 
+    /// The command lines of the unit's `ExecStart=` (argv of each), to see which flags
+    /// k3s gets on its command line.
+    pub async fn exec_start(&self) -> anyhow::Result<Vec<Vec<String>>> {
+        type ExecCommand = (String, Vec<String>, bool, u64, u64, u64, u64, u32, i32, i32);
+        let path = self.unit_path().await?;
+        let commands: Vec<ExecCommand> = self.property(&path, "org.freedesktop.systemd1.Service", "ExecStart").await?;
+        Ok(commands.into_iter().map(|c| c.1).collect())
+    }
+
     /// The service's `Result` (e.g. "exit-code"), for an error message.
     pub async fn result(&self) -> String {
         let read = async {
@@ -125,13 +190,62 @@ impl Systemd {
     }
 
     /// Queues a restart and returns at once: the job is not waited on (k3s without
-    /// its API server signals READY only once another server's API answers, and
-    /// k3s units may have `TimeoutStartSec=0`).
+    /// its API server may signal READY before the Node is Ready, and k3s units may have
+    /// `TimeoutStartSec=0`). A lost reply is not an error: the request may have reached
+    /// systemd, so the caller judges by what it then observes (a new InvocationID or
+    /// none within its deadline) rather than asking twice and restarting k3s twice.
     pub async fn restart(&self) -> anyhow::Result<()> {
-        let _job: OwnedObjectPath = self
-            .manager_call("RestartUnit", &(self.unit.as_str(), "replace"))
-            .await
-            .with_context(|| format!("systemd RestartUnit({}, replace)", self.unit))?;
-        Ok(())
+        let body = &(self.unit.as_str(), "replace");
+        let once = self.conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), "RestartUnit", body);
+        match tokio::time::timeout(self.timeout, once).await {
+            Ok(Ok(_job)) => Ok(()),
+            Ok(Err(e)) if !is_lost_reply(&e) => {
+                Err(e).with_context(|| format!("systemd RestartUnit({}, replace)", self.unit))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(unit = %self.unit, error = %e, "RestartUnit's reply was lost; judging by what follows");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::warn!(unit = %self.unit, "RestartUnit got no reply in time; judging by what follows");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A call whose request may have been carried out although no answer came.
+fn is_lost_reply(e: &zbus::Error) -> bool {
+    match e {
+        zbus::Error::InputOutput(_) => true,
+        zbus::Error::MethodError(name, _, _) => {
+            matches!(name.as_str(), "org.freedesktop.DBus.Error.NoReply" | "org.freedesktop.DBus.Error.Timeout")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn method_error(name: &str) -> zbus::Error {
+        zbus::Error::MethodError(
+            zbus::names::OwnedErrorName::try_from(name).unwrap(),
+            None,
+            zbus::message::Message::method_call("/", "x").build(&()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn transient_errors_are_tried_again_and_definite_answers_are_not() {
+        let io = zbus::Error::InputOutput(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::TimedOut)));
+        assert!(is_transient(&io));
+        assert!(is_transient(&method_error("org.freedesktop.DBus.Error.NoReply")));
+        assert!(is_transient(&method_error("org.freedesktop.DBus.Error.ServiceUnknown")));
+        assert!(!is_transient(&method_error("org.freedesktop.systemd1.NoSuchUnit")));
+        assert!(!is_transient(&method_error("org.freedesktop.DBus.Error.AccessDenied")));
+        assert!(is_lost_reply(&io));
+        assert!(!is_lost_reply(&method_error("org.freedesktop.DBus.Error.ServiceUnknown")));
     }
 }

@@ -1,0 +1,129 @@
+//! The systemd actuator against a stalled system bus: a private `dbus-daemon` (the
+//! real broker, Debian's) on which a peer owns `org.freedesktop.systemd1` and never
+//! answers — what PID 1 or the broker look like when they are stuck under memory
+//! pressure. The step must end by its bounds with nothing changed, not hang.
+//! Gated by REGRADE_TEST_SYSTEMD=1 (needs dbus-daemon; no root).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use regrade::actuator::systemd::SystemdActuator;
+use regrade::actuator::{Actuator, NodeReadiness};
+use regrade::level::Level;
+
+struct NeverReady;
+
+#[async_trait::async_trait(?Send)]
+impl NodeReadiness for NeverReady {
+    async fn wait_ready_since(&self, _: std::time::SystemTime, _: Duration) -> anyhow::Result<()> {
+        anyhow::bail!("not reached in this test")
+    }
+}
+
+struct Bus(Child);
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a private bus listening at `dir/bus`; its address.
+fn private_bus(dir: &Path) -> (Bus, String) {
+    let socket = dir.join("bus");
+    let conf = dir.join("bus.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>custom</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#,
+            socket.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", conf.display()))
+        .args(["--nofork", "--nopidfile"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("dbus-daemon (Debian package dbus) must be installed");
+    let bus = Bus(child);
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "dbus-daemon did not listen at {}", socket.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (bus, format!("unix:path={}", socket.display()))
+}
+
+/// A peer that owns org.freedesktop.systemd1 and then never reads its socket: its
+/// connection's tasks live on a runtime nobody drives any more, so every call to
+/// "systemd" waits for an answer that never comes.
+fn silent_systemd(address: &str) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let address = address.to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let conn = rt.block_on(async {
+            zbus::connection::Builder::address(address.as_str()).name("org.freedesktop.systemd1").build().await.unwrap()
+        });
+        tx.send(()).unwrap();
+        let _keep = (rt, conn);
+        loop {
+            std::thread::park();
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10)).expect("the silent peer took the name");
+}
+
+#[test]
+fn a_step_against_a_stalled_bus_ends_in_bounded_time_with_nothing_changed() {
+    if std::env::var("REGRADE_TEST_SYSTEMD").as_deref() != Ok("1") {
+        eprintln!("skipped: set REGRADE_TEST_SYSTEMD=1");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_bus, address) = private_bus(dir.path());
+    silent_systemd(&address);
+    // This test binary has one test: nothing else reads the environment meanwhile.
+    std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", &address);
+
+    let dropin = dir.path().join("config.yaml.d/50-regrade.yaml");
+    let record = dir.path().join("started-level");
+    std::fs::write(&record, "full").unwrap();
+    let cfg = regrade::config::Config::parse(&format!(
+        "[systemd]\ndropin = {dropin:?}\nrecord = {record:?}\netcd_health_url = \"http://127.0.0.1:9/health\"\n\
+         call_timeout = \"1s\"\nhealth_timeout = \"30s\"\n"
+    ))
+    .unwrap();
+    let mut a = SystemdActuator::new(&cfg.systemd, &cfg.levels).unwrap();
+
+    let t0 = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let result = rt.block_on(a.apply_level(Level::EtcdOnly, &NeverReady));
+    let took = t0.elapsed();
+    eprintln!("stalled bus: the step ended after {took:?}: {result:?}");
+
+    let e = format!("{:#}", result.expect_err("a step against a silent systemd must fail"));
+    assert!(e.contains("nothing was changed"), "{e}");
+    assert!(e.contains("did not answer") || e.contains("timed out") || e.contains("TimedOut"), "{e}");
+    // Three attempts of 1 s each plus backoff: far below the 30 s health timeout,
+    // and nowhere near "forever".
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(!dropin.exists(), "the etcd-only drop-in was not written");
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), "full");
+}
