@@ -159,12 +159,13 @@ services:
 EOF
 # "over" needs both: pressure at or above the threshold and MemAvailable under the
 # floor (512 MiB by default); "calm" needs both the other way (docs/behaviour.md).
+# Written in place, never renamed over: regrade opens the pressure file once and
+# re-reads that open file (as it does /proc/pressure/memory), so a new inode would go
+# unseen.
 pressure() { # SOME_AVG10 MEMAVAILABLE_KB
+  printf 'MemTotal:       16000000 kB\nMemAvailable:   %8d kB\n' "$2" >"$work/fixture/meminfo"
   printf 'some avg10=%s avg60=%s avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n' "$1" "$1" \
-    >"$work/fixture/pressure.tmp"
-  printf 'MemTotal:       16000000 kB\nMemAvailable:   %8d kB\n' "$2" >"$work/fixture/meminfo.tmp"
-  mv -f "$work/fixture/meminfo.tmp" "$work/fixture/meminfo"
-  mv -f "$work/fixture/pressure.tmp" "$work/fixture/pressure"
+    >"$work/fixture/pressure"
 }
 pressure 0.00 8000000
 
