@@ -51,6 +51,9 @@
     packages = forAllSystems (pkgs: {
       default = regradeFor pkgs [];
       regrade-docker = regradeFor pkgs ["docker"];
+      # Statically linked (musl), for the Docker images: rancher/k3s has no C library
+      # (deploy/docker/README.md).
+      regrade-static = regradeFor pkgs.pkgsStatic ["docker"];
     });
 
     overlays.default = final: _prev: {

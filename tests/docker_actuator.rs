@@ -1,9 +1,11 @@
 //! The Docker actuator against a real Docker engine (docs/behaviour.md, "Actuators"; issue 6).
 //!
 //! Gated by `REGRADE_TEST_DOCKER=1` (needs root). The first test runs
-//! `tests/docker/rig.sh up` (installs docker.io, starts the rig's own dockerd, imports
-//! the k3s test image: the k3s stand-in as /bin/k3s, this build's regrade as the
-//! entrypoint); `tests/docker/run.sh` also stops that dockerd afterwards.
+//! `tests/docker/rig.sh up` (installs docker.io, starts the rig's own dockerd, builds
+//! the static regrade and deploy/docker/k3s.Dockerfile on an imported base holding the
+//! k3s stand-in as /bin/k3s: no C library); each container gets regrade's entrypoint
+//! as deploy/docker/compose.yaml gives it. `tests/docker/run.sh` also stops that
+//! dockerd afterwards.
 //!
 //! Each test runs one k3s container with `--network host` on a loopback address of its
 //! own (the stand-in's etcd, /health and API port bind there), a host directory as
@@ -44,7 +46,7 @@ fn rig() -> Option<&'static Rig> {
     static RIG: OnceLock<Rig> = OnceLock::new();
     Some(RIG.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/docker/rig.sh");
-        let out = Command::new("bash").arg(&script).arg("up").arg(env!("CARGO_BIN_EXE_regrade")).output().unwrap();
+        let out = Command::new("bash").arg(&script).arg("up").output().unwrap();
         assert!(out.status.success(), "{} up failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8(out.stdout).unwrap();
         let get = |k: &str| {
@@ -118,10 +120,15 @@ impl K3s {
         for m in &mounts {
             run.extend(["-v", m]);
         }
-        if !through_regrade {
-            run.extend(["--entrypoint", "/bin/k3s"]);
+        // The image is rancher/k3s's shape (entrypoint /bin/k3s) plus /bin/regrade;
+        // regrade becomes the entrypoint the way deploy/docker/compose.yaml makes it.
+        if through_regrade {
+            run.extend(["--entrypoint", "/bin/regrade"]);
         }
         run.push(&rig.image);
+        if through_regrade {
+            run.extend(["entrypoint", "--"]);
+        }
         run.extend(k3s.args.iter().skip(usize::from(!through_regrade)).map(String::as_str));
         docker(rig, &run);
         k3s.wait_healthy(Duration::from_secs(60));

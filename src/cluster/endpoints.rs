@@ -160,6 +160,7 @@ impl Endpoints {
                 }
                 Err(_) => format!("no answer within {:?}", self.settings.request_timeout),
             };
+            let why = super::static_dns::explain_lookup_failure(&url, why, super::static_dns::STATIC_BUILD);
             tracing::debug!(endpoint = %url, why = %why, request = %what, "API endpoint passed over");
             tried.push((url, why));
         }

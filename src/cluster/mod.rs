@@ -13,6 +13,7 @@ pub mod lease;
 pub mod node;
 pub mod peers;
 pub mod refusal;
+pub mod static_dns;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};

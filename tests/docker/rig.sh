@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The Docker rig for regrade's Docker actuator tests (tests/docker_actuator.rs).
+# The Docker rig for regrade's Docker tests (tests/docker_actuator.rs, compose.sh).
 #
-#   rig.sh up REGRADE_BIN   install docker.io, start our own dockerd if it is not
-#                           running, build the k3s test image and import it; prints
-#                           `socket=...` and `image=...` lines on stdout
+#   rig.sh up               install docker.io and docker-compose, start our own dockerd
+#                           if it is not running, build the static regrade
+#                           (static.sh, unless REGRADE_STATIC_BIN names it) and the
+#                           images; prints `socket=...`,
+#                           `image=...`, `k3s_image=...`, `regrade_image=...` on stdout
 #   rig.sh restart-dockerd  stop and start that dockerd (containers with a restart
 #                           policy come back through their entrypoint)
 #   rig.sh down             stop that dockerd (state stays cached)
@@ -13,12 +15,19 @@
 # ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/docker, so it collides with no
 # other engine. Containers use --network host with loopback addresses only.
 #
-# The image (docker import of a directory, no registry): the static k3s stand-in as
-# /bin/k3s (built by tests/rig/build.sh), the regrade binary as /bin/regrade with the
-# shared libraries `ldd` names (it links glibc dynamically and the musl target cannot
-# be installed offline; copying four libraries is smaller and faster than a
-# debootstrap rootfs), and busybox-static as /bin/cat, since the actuator reads the
-# started-level record with `cat` through the Engine API (as rancher/k3s has cat).
+# The images are the ones deploy/docker/README.md documents, built by `docker build`
+# from deploy/docker/k3s.Dockerfile and deploy/docker/regrade.Dockerfile with the
+# static regrade (no registry is reachable, so nothing is pulled):
+#   - k3s.Dockerfile's base, rancher/k3s, is replaced (build arg K3S_IMAGE) by
+#     regrade-test/k3s-base: `docker import` of a directory holding the static k3s
+#     stand-in as /bin/k3s (tests/rig/build.sh) and busybox-static as /bin/cat (the
+#     actuator reads the started-level record with `cat`, as rancher/k3s has cat),
+#     with rancher/k3s's ENTRYPOINT ["/bin/k3s"]. Neither it nor the result has a C
+#     library.
+#   - regrade.Dockerfile is FROM scratch: nothing to replace.
+# The k3s image is tagged regrade-test/k3s:latest (the actuator tests) and
+# local/k3s-regrade:v1.33.5-k3s1, the regrade image local/regrade:docker: the names
+# deploy/docker/compose.yaml uses.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,13 +38,16 @@ sock="$state/docker.sock"
 pidfile="$state/dockerd.pid"
 log="$state/dockerd.log"
 image="regrade-test/k3s:latest"
+base_image="regrade-test/k3s-base:latest"
+k3s_image="local/k3s-regrade:v1.33.5-k3s1"
+regrade_image="local/regrade:docker"
 docker=(/usr/bin/docker -H "unix://$sock")
 
 say() { echo "rig.sh: $*" >&2; }
 
 install_packages() {
   local missing=() p
-  for p in docker.io busybox-static; do
+  for p in docker.io docker-compose busybox-static file; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -86,36 +98,45 @@ stop_dockerd() {
 }
 
 build_image() {
-  local regrade_bin="$1" bin rootfs lib
+  local regrade_bin="$1" bin rootfs ctx
   bin="$("$repo/tests/rig/build.sh" | tail -n 1)"
   [ -x "$bin/k3s-standin" ] || { say "no k3s-standin in $bin"; exit 1; }
   rootfs="$state/rootfs"
   rm -rf "$rootfs"
-  mkdir -p "$rootfs"/{bin,etc/regrade,etc/rancher/k3s,var/lib/rancher/k3s,run,tmp,proc,sys,dev}
+  mkdir -p "$rootfs"/{bin,etc/rancher/k3s,var/lib/rancher/k3s,run,tmp,proc,sys,dev}
   cp "$bin/k3s-standin" "$rootfs/bin/k3s"
-  cp "$regrade_bin" "$rootfs/bin/regrade"
   cp /bin/busybox "$rootfs/bin/busybox"
   ln -s busybox "$rootfs/bin/cat"
-  # The dynamic loader and the libraries the regrade binary links.
-  for lib in $(ldd "$regrade_bin" | grep -o '/[^ ]*'); do
-    mkdir -p "$rootfs$(dirname "$lib")"
-    cp -L "$lib" "$rootfs$lib"
-  done
-  "${docker[@]}" rmi -f "$image" >/dev/null 2>&1 || true
+  "${docker[@]}" rmi -f "$image" "$k3s_image" "$regrade_image" "$base_image" >/dev/null 2>&1 || true
   tar -C "$rootfs" -c . | "${docker[@]}" import \
-    --change 'ENTRYPOINT ["/bin/regrade", "entrypoint", "--"]' \
-    --change 'CMD ["k3s", "server"]' - "$image" >/dev/null
-  say "imported $image"
+    --change 'ENTRYPOINT ["/bin/k3s"]' --change 'CMD ["server"]' - "$base_image" >/dev/null
+  # The build context: what the Dockerfiles COPY.
+  ctx="$state/context"
+  rm -rf "$ctx"
+  mkdir -p "$ctx"
+  cp "$regrade_bin" "$ctx/regrade"
+  cp "$repo/deploy/docker/nsswitch.conf" "$ctx/"
+  # The legacy builder: COPY-only Dockerfiles need no network and no BuildKit.
+  DOCKER_BUILDKIT=0 "${docker[@]}" build -q --build-arg K3S_IMAGE="$base_image" \
+    -f "$repo/deploy/docker/k3s.Dockerfile" -t "$image" -t "$k3s_image" "$ctx" >/dev/null
+  DOCKER_BUILDKIT=0 "${docker[@]}" build -q \
+    -f "$repo/deploy/docker/regrade.Dockerfile" -t "$regrade_image" "$ctx" >/dev/null
+  say "built $image ($k3s_image) and $regrade_image from deploy/docker/*.Dockerfile"
 }
 
 case "${1:-}" in
   up)
-    [ -n "${2:-}" ] || { say "usage: rig.sh up REGRADE_BIN"; exit 2; }
     install_packages
     start_dockerd
-    build_image "$2"
+    # run.sh builds it first (REGRADE_STATIC_BIN); a cargo started from a test
+    # process sees another environment and could rebuild for nothing.
+    static_bin="${REGRADE_STATIC_BIN:-}"
+    [ -n "$static_bin" ] || static_bin="$(bash "$here/static.sh" | tail -n 1)"
+    build_image "$static_bin"
     echo "socket=$sock"
     echo "image=$image"
+    echo "k3s_image=$k3s_image"
+    echo "regrade_image=$regrade_image"
     ;;
   restart-dockerd)
     stop_dockerd
@@ -125,7 +146,7 @@ case "${1:-}" in
     stop_dockerd
     ;;
   *)
-    say "usage: rig.sh up REGRADE_BIN | restart-dockerd | down"
+    say "usage: rig.sh up | restart-dockerd | down"
     exit 2
     ;;
 esac

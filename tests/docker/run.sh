@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
-# Runs the Docker actuator tests against a real dockerd and stops that dockerd after.
+# Runs the Docker tests against a real dockerd and stops that dockerd after:
+#   - the static regrade build, with `file` and `ldd` of it (static.sh);
+#   - the Docker actuator tests (tests/docker_actuator.rs) and the feature check
+#     (tests/docker_build.rs);
+#   - with REGRADE_TEST_COMPOSE=1 only: the Compose example brought up end to end
+#     (compose.sh). It does not pass yet (the watcher in the regrade container starts
+#     but takes no sample-driven step; see deploy/docker/README.md), so it is not in
+#     the default path.
 #   REGRADE_TEST_DOCKER=1 tests/docker/run.sh    (as root)
-# Extra arguments go to the test binary (e.g. a test name).
+# Extra arguments go to the actuator test binary (e.g. a test name).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/../.."
 trap 'bash "$here/rig.sh" down' EXIT
+t0=$SECONDS
+REGRADE_STATIC_BIN="$(bash "$here/static.sh" | tail -n 1)"
+export REGRADE_STATIC_BIN
+echo "run.sh: static build and checks took $((SECONDS - t0)) s" >&2
 # The tests start the rig themselves (rig.sh up, once per process).
 REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" cargo test --locked --no-fail-fast --features docker \
   --test docker_actuator --test docker_build -- --test-threads=1 "$@"
+if [ "${REGRADE_TEST_COMPOSE:-}" = 1 ]; then
+  REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" bash "$here/compose.sh"
+else
+  echo "run.sh: compose.sh skipped (not yet passing; REGRADE_TEST_COMPOSE=1 runs it)" >&2
+fi
+echo "run.sh: the Docker tests took $((SECONDS - t0)) s" >&2

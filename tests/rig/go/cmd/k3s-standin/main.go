@@ -163,6 +163,7 @@ var (
 	_             = fs.Bool("disable-scheduler", false, "recorded only")
 	_             = fs.Bool("cluster-init", false, "recorded only")
 	_             = fs.String("token", "", "recorded only")
+	_             = fs.String("token-file", "", "recorded only")
 	bindAddr      = fs.String("bind-address", "", "API listen address (default NODE_IP)")
 	advertiseAddr = fs.String("advertise-address", "", "API advertise address (default NODE_IP)")
 	apiPort       = fs.Int("https-listen-port", 6443, "API port")
