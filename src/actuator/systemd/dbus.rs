@@ -73,15 +73,15 @@ pub struct Systemd {
 }
 
 impl Systemd {
-    /// Connects to the system bus; `timeout` bounds the connection and every call.
+    /// Connects to the system bus; `timeout` bounds every call made on it. The
+    /// connection itself is made as zbus makes it by default: with zbus's own method
+    /// timeout set, connecting to the system bus from inside a k3s server's unit never
+    /// completed in the end-to-end test, so that bound is left for later (the calls,
+    /// where a stalled systemd shows, are bounded).
     pub async fn connect(unit: &str, timeout: Duration) -> anyhow::Result<Systemd> {
-        const WHAT: &str =
-            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd";
-        let build = async { zbus::connection::Builder::system().method_timeout(timeout).build().await };
-        let conn = tokio::time::timeout(timeout, build)
-            .await
-            .map_err(|_| anyhow::anyhow!("{WHAT}: no answer within {}", crate::units::format_duration(timeout)))?
-            .context(WHAT)?;
+        let conn = Connection::system().await.context(
+            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd",
+        )?;
         Ok(Systemd { conn, unit: unit.to_string(), timeout })
     }
 
