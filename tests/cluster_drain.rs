@@ -52,9 +52,14 @@ async fn namespace(c: &kube::Client) {
     Api::<ServiceAccount>::namespaced(c.clone(), NS).create(&PostParams::default(), &sa).await.unwrap();
 }
 
-/// A ReplicaSet of `replicas` pods that the stand-in scheduler places on `node`
-/// (first by name among the fitting Nodes) while it is schedulable.
+/// A ReplicaSet of `replicas` pods that the stand-in scheduler places on the first
+/// fitting Node by name.
 async fn replicaset(c: &kube::Client, name: &str, replicas: i32, grace: i64) {
+    replicaset_on(c, name, replicas, grace, json!({})).await
+}
+
+/// As `replicaset`, with the pods' nodeSelector.
+async fn replicaset_on(c: &kube::Client, name: &str, replicas: i32, grace: i64, selector: serde_json::Value) {
     let rs: ReplicaSet = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -64,6 +69,7 @@ async fn replicaset(c: &kube::Client, name: &str, replicas: i32, grace: i64) {
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "terminationGracePeriodSeconds": grace,
+                    "nodeSelector": selector,
                     "containers": [{"name": "main", "image": "example.invalid/app:1"}],
                     "volumes": [{"name": "scratch", "emptyDir": {}}],
                 },
@@ -295,12 +301,13 @@ fn the_shipped_rbac_drains_and_a_missing_right_is_named() {
         assert!(r.incomplete() && r.deleted.is_empty());
 
         // Without pods/eviction, the drain stops at the first eviction and names it.
-        replicaset(&admin, "late", 1, 1).await;
+        // Pinned to rbac-1 and made only once rbac-1 takes pods: the stand-in places a
+        // pod by its (possibly lagging) view of the Nodes.
         Api::<Node>::all(admin.clone())
             .patch("rbac-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": false}})))
             .await
             .unwrap();
-        cordon(&admin, "rbac-2").await;
+        replicaset_on(&admin, "late", 1, 1, json!({"kubernetes.io/hostname": "rbac-1"})).await;
         settled(&admin, "late", 1, "rbac-1").await;
         cordon(&admin, "rbac-1").await;
         let role = h.kubectl(&["get", "clusterrole", "regrade", "-o", "json"]);
