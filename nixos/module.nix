@@ -183,7 +183,9 @@
         example = "NoSchedule";
         description = ''
           Effect of regrade's taint on the Node while at `${name}`. `null`: regrade's
-          default, `NoExecute` (pods leave, so memory is freed).
+          default, `NoSchedule` (nothing new lands; the drain moves the pods within
+          their PodDisruptionBudgets). `NoExecute` deletes every pod that does not
+          tolerate it, DaemonSet pods included, bypassing PodDisruptionBudgets.
         '';
       };
       drain = lib.mkOption {
@@ -261,7 +263,8 @@ in {
         type = lib.types.bool;
         default = true;
         description = ''
-          Install regrade's RBAC (deploy/rbac.yaml: nodes, the Lease, node Leases, Events)
+          Install regrade's RBAC (deploy/rbac.yaml: nodes, the Lease, node Leases, Events,
+          the drain's pods list and pods/eviction, pods delete for `on_drain_timeout = "delete"`)
           and a token Secret for its ServiceAccount through `services.k3s.manifests`, so
           the cluster applies them. Turn off to manage them yourself.
         '';

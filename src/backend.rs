@@ -40,7 +40,7 @@ pub fn etcd(cfg: &Config) -> Box<dyn RestartGate> {
 
 /// The Kubernetes API as `[cluster]` configures it. Connects nowhere until first used.
 pub async fn cluster(cfg: &Config) -> anyhow::Result<Box<dyn Cluster>> {
-    crate::cluster::connect(&cfg.cluster, &cfg.levels).await
+    crate::cluster::connect(&cfg.cluster, &cfg.levels, crate::cluster::drain::progress_path(&cfg.state_file)).await
 }
 
 /// The real actuator this build has (systemd, or docker in a `docker` build). Building

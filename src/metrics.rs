@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::RefusalKind;
 use crate::decide::{Direction, Reading};
 use crate::level::Level;
-use crate::sample::{Metric, Sample};
+use crate::sample::{Metric, Pacing, Sample};
 
 /// `[metrics]`
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -103,6 +103,18 @@ pub struct Metrics {
     lease_held: AtomicBool,
     /// Unix seconds of the end of the last step that ran; 0.0: none yet (not exported).
     last_step: AtomicF64,
+    /// Index into `PACINGS`, or `NONE` before `watch` has chosen.
+    pacing: AtomicU8,
+}
+
+const PACINGS: [Pacing; 2] = [Pacing::Trigger, Pacing::Polling];
+
+/// How old the last good sample may be before `/healthz` fails: a sample period or so
+/// while polling, and the trigger's safety timeout while asleep on it.
+#[derive(Clone, Copy, Debug)]
+pub struct MaxSampleAge {
+    pub polling: Duration,
+    pub on_trigger: Duration,
 }
 
 const NONE: u8 = u8::MAX;
@@ -139,6 +151,7 @@ impl Metrics {
             step_count: AtomicU64::new(0),
             lease_held: AtomicBool::new(false),
             last_step: AtomicF64::zero(),
+            pacing: AtomicU8::new(NONE),
         }
     }
 
@@ -189,14 +202,20 @@ impl Metrics {
         self.refusals[i].fetch_add(1, Relaxed);
     }
 
+    /// How `watch` waits for its next sample.
+    pub fn set_pacing(&self, pacing: Pacing) {
+        let i = PACINGS.iter().position(|p| *p == pacing).map_or(NONE, |i| i as u8);
+        self.pacing.store(i, Relaxed);
+    }
+
     /// Whether this server holds the step Lease (from taking it to giving it back).
     pub fn set_lease_held(&self, held: bool) {
         self.lease_held.store(held, Relaxed);
     }
 
     /// Why `/healthz` fails, or `None` when a good sample is younger than `max_age`
-    /// or a step is running.
-    pub fn unhealthy(&self, max_age: Duration) -> Option<&'static str> {
+    /// allows for the pacing in force, or a step is running.
+    pub fn unhealthy(&self, max_age: MaxSampleAge) -> Option<&'static str> {
         let at = self.last_good_sample_mono_ns.load(Relaxed);
         if at == 0 {
             return Some("no good sample yet");
@@ -208,6 +227,9 @@ impl Metrics {
         if self.lease_held.load(Relaxed) {
             return None;
         }
+        // Asleep on the trigger, a calm server samples once per safety timeout.
+        let asleep = self.pacing.load(Relaxed) == 0;
+        let max_age = if asleep { max_age.on_trigger } else { max_age.polling };
         if monotonic_ns().saturating_sub(at) > max_age.as_nanos() as u64 {
             return Some("no sample for too long");
         }
@@ -299,6 +321,17 @@ impl Metrics {
         writeln!(o, "regrade_step_duration_seconds_sum {}", self.step_seconds_sum.get())?;
         writeln!(o, "regrade_step_duration_seconds_count {count}")?;
 
+        family(
+            o,
+            "regrade_pacing",
+            "gauge",
+            "1 for how watch waits for its next sample (trigger: asleep on the PSI trigger; polling: every sample_period).",
+        )?;
+        let pacing = self.pacing.load(Relaxed);
+        for (i, p) in PACINGS.iter().enumerate() {
+            writeln!(o, "regrade_pacing{{mode=\"{}\"}} {}", p.as_str(), u8::from(pacing == i as u8))?;
+        }
+
         family(o, "regrade_lease_held", "gauge", "1 while this server holds the cluster's step Lease.")?;
         writeln!(o, "regrade_lease_held {}", u8::from(self.lease_held.load(Relaxed)))?;
 
@@ -367,7 +400,7 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
 /// bounded amount of memory and never the watcher: the handlers only read atomics.
 ///
 /// `/healthz` is 200 while a good sample is younger than `max_sample_age`.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics, max_sample_age: Duration) {
+pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics, max_sample_age: MaxSampleAge) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else { return };
@@ -388,7 +421,11 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
 }
 
 /// Reads one request head and writes one response.
-async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics, max_sample_age: Duration) -> std::io::Result<()> {
+async fn answer(
+    mut stream: tokio::net::TcpStream,
+    metrics: &Metrics,
+    max_sample_age: MaxSampleAge,
+) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut head = [0u8; MAX_HEAD];
     let mut n = 0;
@@ -436,7 +473,7 @@ impl Response {
 }
 
 /// The response to a request head (`METHOD TARGET HTTP/1.x`, then headers).
-fn respond(head: &[u8], metrics: &Metrics, max_sample_age: Duration) -> Response {
+fn respond(head: &[u8], metrics: &Metrics, max_sample_age: MaxSampleAge) -> Response {
     let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let mut parts = line.split(|&b| b == b' ');
@@ -642,19 +679,30 @@ mod tests {
         assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n---\n{text}");
     }
 
+    fn ages(polling: Duration) -> MaxSampleAge {
+        MaxSampleAge { polling, on_trigger: Duration::from_secs(3600) }
+    }
+
     #[test]
     fn healthz_wants_a_recent_good_sample() {
         let m = Metrics::new();
-        assert_eq!(m.unhealthy(Duration::from_secs(60)), Some("no good sample yet"));
+        assert_eq!(m.unhealthy(ages(Duration::from_secs(60))), Some("no good sample yet"));
         m.sampled(&sample(), Reading::Calm);
-        assert_eq!(m.unhealthy(Duration::from_secs(60)), None);
+        assert_eq!(m.unhealthy(ages(Duration::from_secs(60))), None);
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(m.unhealthy(Duration::from_millis(10)), Some("no sample for too long"));
+        assert_eq!(m.unhealthy(ages(Duration::from_millis(10))), Some("no sample for too long"));
+        m.set_pacing(Pacing::Polling);
+        assert_eq!(m.unhealthy(ages(Duration::from_millis(10))), Some("no sample for too long"));
+        m.set_pacing(Pacing::Trigger);
+        assert_eq!(m.unhealthy(ages(Duration::from_millis(10))), None, "asleep on the trigger, samples are rare");
+        let both_short = MaxSampleAge { polling: Duration::from_millis(10), on_trigger: Duration::from_millis(10) };
+        assert_eq!(m.unhealthy(both_short), Some("no sample for too long"), "but not forever");
+        m.set_pacing(Pacing::Polling);
         m.set_lease_held(true);
-        assert_eq!(m.unhealthy(Duration::from_millis(10)), None, "a long step is not a hang");
+        assert_eq!(m.unhealthy(ages(Duration::from_millis(10))), None, "a long step is not a hang");
         m.set_lease_held(false);
         m.sample_failed();
-        assert!(m.unhealthy(Duration::from_secs(60)).is_some());
+        assert!(m.unhealthy(ages(Duration::from_secs(60))).is_some());
     }
 
     /// One HTTP/1.1 request over a real loopback socket; returns the raw response.
@@ -674,7 +722,7 @@ mod tests {
             let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
             let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
             let addr = listener.local_addr().unwrap();
-            tokio::spawn(serve(listener, m, Duration::from_secs(60)));
+            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
             let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
 
             let r = request(addr, &get("/healthz")).await;

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::decide::{Reading, Settings, State};
 use crate::level::Level;
-use crate::sample::Metric;
+use crate::sample::{Metric, Pacing};
 
 /// The trigger's window: the shortest one the kernel allows without CAP_SYS_RESOURCE.
 pub const WINDOW: Duration = Duration::from_secs(2);
@@ -249,31 +249,6 @@ impl AsFd for Trigger {
 impl AsRawFd for Trigger {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.file.as_raw_fd()
-    }
-}
-
-/// How `watch` waits between samples, as `status` and the journal name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pacing {
-    /// Asleep on the trigger: calm at the top level, no streak that could step.
-    Trigger,
-    /// Sampling every `sample_period`.
-    Polling,
-}
-
-impl Pacing {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pacing::Trigger => "trigger",
-            Pacing::Polling => "polling",
-        }
-    }
-}
-
-impl std::fmt::Display for Pacing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -2,7 +2,8 @@
 //! MemAvailable, and which average the core decides on ([`Metric`]).
 //!
 //! A value module: the sampler that fills it from `/proc` is `pressure`; the core
-//! (`decide`), `simulate` and `status` use it without touching a file.
+//! (`decide`), `simulate` and `status` use it without touching a file. Also how
+//! `watch` paces its samples ([`Pacing`]), as `status` and the metrics name it.
 
 use serde::{Deserialize, Serialize};
 
@@ -95,6 +96,31 @@ pub struct Sample {
 impl Sample {
     pub fn metric(&self, m: Metric) -> f64 {
         self.psi.get(m)
+    }
+}
+
+/// How `watch` waits between samples, as `status` and the journal name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pacing {
+    /// Asleep on the trigger: calm at the top level, no streak that could step.
+    Trigger,
+    /// Sampling every `sample_period`.
+    Polling,
+}
+
+impl Pacing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pacing::Trigger => "trigger",
+            Pacing::Polling => "polling",
+        }
+    }
+}
+
+impl std::fmt::Display for Pacing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -26,7 +26,7 @@ pub struct Published {
     pub dry_run: bool,
     /// How `watch` waits for its next sample: asleep on the PSI trigger, or polling.
     #[serde(default)]
-    pub pacing: Option<crate::psi_trigger::Pacing>,
+    pub pacing: Option<crate::sample::Pacing>,
     /// The armed trigger, or why there is none.
     #[serde(default)]
     pub trigger: Option<String>,

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::backend;
+use crate::cluster::drain::{self, PublishedDrain};
 use crate::config::Config;
 use crate::decide::{Reading, Step, StepUp};
 use crate::level::Level;
@@ -32,7 +33,7 @@ pub struct Status {
     /// Whether a `watch` is running and has published its state.
     pub watch_running: bool,
     /// How that `watch` waits: `trigger` (asleep on the PSI trigger) or `polling`.
-    pub pacing: Option<crate::psi_trigger::Pacing>,
+    pub pacing: Option<crate::sample::Pacing>,
     /// The armed trigger, or why there is none.
     pub trigger: Option<String>,
     pub over_since: Option<f64>,
@@ -55,6 +56,16 @@ pub struct Status {
     pub will_do: String,
     /// The etcd members as regrade sees them (the etcd gate's view, asked now).
     pub etcd: EtcdStatus,
+    /// The last drain on this server, as its process published it.
+    pub drain: Option<DrainStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DrainStatus {
+    #[serde(flatten)]
+    pub published: PublishedDrain,
+    /// Says running, but the process that ran it is gone (killed mid-drain).
+    pub writer_gone: bool,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -176,6 +187,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             node_marks,
             will_do: decision.describe(),
             etcd,
+            drain: PublishedDrain::read(&drain::progress_path(&cfg.state_file))
+                .map(|p| DrainStatus { writer_gone: p.running && !p.is_live(), published: p }),
         }
     });
     if json {
@@ -230,8 +243,8 @@ pub fn render(s: &Status, now: f64) -> String {
             _ => o += "streak:         none\n",
         }
         match s.pacing {
-            Some(crate::psi_trigger::Pacing::Trigger) => o += "watch waits:    asleep on the PSI trigger\n",
-            Some(crate::psi_trigger::Pacing::Polling) => o += "watch waits:    sampling every sample_period\n",
+            Some(crate::sample::Pacing::Trigger) => o += "watch waits:    asleep on the PSI trigger\n",
+            Some(crate::sample::Pacing::Polling) => o += "watch waits:    sampling every sample_period\n",
             None => {}
         }
         if let Some(t) = &s.trigger {
@@ -275,6 +288,9 @@ pub fn render(s: &Status, now: f64) -> String {
         None => o += "the Node says:  (not readable now)\n",
     }
     o += &format!("will do:        {}\n", s.will_do);
+    if let Some(d) = &s.drain {
+        o += &drain_line(d, now);
+    }
     if let Some(e) = &s.etcd.error {
         o += &format!("etcd:           not asked: {e}\n");
     }
@@ -291,4 +307,52 @@ pub fn render(s: &Status, now: f64) -> String {
         o += &format!("{head:<16}{name}, {role}: {}\n", m.health);
     }
     o
+}
+
+/// The last drain: into which level, when, and what it did (blocked pods by budget).
+fn drain_line(d: &DrainStatus, now: f64) -> String {
+    let p = &d.published;
+    let when = match (p.running, d.writer_gone) {
+        (true, false) => format!("running for {}", ago(now, p.started)),
+        (true, true) => format!("cut short {} ago (its process {} is gone)", ago(now, p.started), p.pid),
+        (false, _) => format!("{} ago", ago(now, p.started)),
+    };
+    let report = p.report.to_string();
+    let report = report.strip_prefix("drain: ").unwrap_or(&report);
+    format!("drain:          into {}, {when}: {report}\n", p.level)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::drain::{BlockedPod, DrainReport};
+
+    #[test]
+    fn the_drain_line_names_what_is_blocked_and_whether_it_runs() {
+        let report = DrainReport {
+            evicted: vec!["apps/web-1".into()],
+            waiting: vec!["apps/web-2".into()],
+            blocked: vec![BlockedPod { pod: "apps/db-0".into(), pdb: Some("db-pdb".into()), message: None }],
+            elapsed_ms: 4000,
+            ..Default::default()
+        };
+        let published = PublishedDrain {
+            pid: 0,
+            node: "server1".into(),
+            level: "control-plane".into(),
+            started: 1000.0,
+            running: true,
+            report,
+        };
+        let d = DrainStatus { published: published.clone(), writer_gone: false };
+        assert_eq!(
+            drain_line(&d, 1012.0),
+            "drain:          into control-plane, running for 12s: 1 evicted, 0 left alone (DaemonSet or mirror), \
+             1 still terminating (apps/web-2), 1 blocked (apps/db-0 by PodDisruptionBudget db-pdb); 4.0s\n"
+        );
+        let gone = DrainStatus { published: published.clone(), writer_gone: true };
+        assert!(drain_line(&gone, 1012.0).contains("cut short 12s ago (its process 0 is gone)"));
+        let ended = DrainStatus { published: PublishedDrain { running: false, ..published }, writer_gone: false };
+        assert!(drain_line(&ended, 1060.0).starts_with("drain:          into control-plane, 1m ago: 1 evicted"));
+    }
 }

@@ -74,7 +74,11 @@ fn a_calm_sample_allocates_nothing() {
         rt.block_on(async {
             let listener = regrade::metrics::bind("127.0.0.1:0".parse().unwrap()).unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            regrade::metrics::serve(listener, &regrade::metrics::METRICS, Duration::from_secs(60)).await;
+            let ages = regrade::metrics::MaxSampleAge {
+                polling: Duration::from_secs(60),
+                on_trigger: Duration::from_secs(60),
+            };
+            regrade::metrics::serve(listener, &regrade::metrics::METRICS, ages).await;
         });
     });
     let addr = rx.recv().unwrap();

@@ -13,8 +13,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use regrade::cluster::drain::{self, DrainReport, DrainSettings, OnDrainTimeout, Skip};
-use regrade::cluster::KubeCluster;
+use regrade::cluster::drain::{self, DrainReport, DrainSettings, OnDrainTimeout, PublishedDrain, Skip};
+use regrade::cluster::{Cluster, KubeCluster};
+use regrade::level::Level;
 use serde_json::json;
 
 use common::{block_on, Harness, Kubelet};
@@ -259,11 +260,18 @@ fn replicaset_pods_move_daemonset_and_mirror_pods_stay_a_budget_holds_until_dele
         for p in [&agent, &mirror] {
             assert!(pods.get(p.metadata.name.as_deref().unwrap()).await.unwrap().metadata.deletion_timestamp.is_none());
         }
-        // Nothing left to move: a third drain ends at once.
+        // Nothing left to move: a third drain, through the cluster edge as a step runs
+        // it, ends at once and leaves what it did where `status` reads it.
+        let mut c = c;
+        let progress = h.dir.join("drain.json");
+        c.drain_progress = Some(progress.clone());
         let t0 = Instant::now();
-        let r = run_drain(&c, "drain-1", Duration::from_secs(30), OnDrainTimeout::Proceed).await;
+        let settings = DrainSettings { timeout: Duration::from_secs(30), on_timeout: OnDrainTimeout::Proceed };
+        let r = Cluster::drain(&c, Level::ControlPlane, settings).await.expect("a report");
         assert!(!r.timed_out && !r.incomplete() && r.skipped.len() == 2, "{r:?}");
         assert!(t0.elapsed() < Duration::from_secs(2));
+        let p = PublishedDrain::read(&progress).expect("the drain's progress published");
+        assert!(!p.running && p.report == r && p.level == "control-plane" && p.node == "drain-1", "{p:?}");
     });
 }
 

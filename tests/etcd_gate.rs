@@ -9,179 +9,19 @@
 //! cargo test --test etcd_gate -- --nocapture`.
 
 use std::io::Write as _;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regrade::etcd::client::{Endpoint, EtcdClient};
 use regrade::etcd::gate::{EtcdGate, GateError};
 use regrade::etcd::judge::{EtcdRefusal, Reason, View};
-use regrade::etcd::EtcdConfig;
+
+mod common;
+
+use common::etcd_cluster::{settled, EtcdCluster};
 
 const GATE: &str = "REGRADE_TEST_ETCD";
-
-fn ip(n: usize) -> String {
-    format!("127.0.0.3{n}")
-}
-
-fn client_url(n: usize) -> String {
-    format!("https://{}:2379", ip(n))
-}
-
-fn peer_url(n: usize) -> String {
-    format!("http://{}:2380", ip(n))
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// A CA and a leaf signed by it (`name.crt`, `name.key`), P-256 as k3s makes them.
-fn ca(dir: &Path, name: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name}"),
-        ],
-    );
-}
-
-fn leaf(dir: &Path, ca: &str, name: &str, san: &str, usage: &str) {
-    std::fs::write(dir.join(format!("{name}.ext")), format!("subjectAltName={san}\nextendedKeyUsage={usage}\n"))
-        .unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
-}
-
-/// The etcd members this test started; killed when it ends or panics.
-struct Cluster {
-    etcd: PathBuf,
-    dir: PathBuf,
-    names: Vec<String>,
-    procs: Vec<Option<Child>>,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for c in self.procs.iter_mut().flatten() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Cluster {
-    fn name(&self, n: usize) -> &str {
-        &self.names[n - 1]
-    }
-
-    /// Starts member `n` (1-based) with `initial` as its initial cluster.
-    fn start(&mut self, n: usize, initial: &str, state: &str) {
-        let d = &self.dir;
-        let log = std::fs::File::create(d.join(format!("etcd{n}.log"))).unwrap();
-        let c = Command::new(&self.etcd)
-            .args(["--name", self.name(n), "--data-dir", d.join(format!("data{n}")).to_str().unwrap()])
-            .args(["--listen-client-urls", &client_url(n), "--advertise-client-urls", &client_url(n)])
-            .args(["--listen-peer-urls", &peer_url(n), "--initial-advertise-peer-urls", &peer_url(n)])
-            .args(["--initial-cluster", initial, "--initial-cluster-state", state, "--initial-cluster-token", "gate"])
-            .args(["--client-cert-auth", "--trusted-ca-file", d.join("server-ca.crt").to_str().unwrap()])
-            .args(["--cert-file", d.join(format!("server{n}.crt")).to_str().unwrap()])
-            .args(["--key-file", d.join(format!("server{n}.key")).to_str().unwrap()])
-            .args(["--log-level", "warn", "--heartbeat-interval", "100", "--election-timeout", "1000"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("starting etcd");
-        self.procs[n - 1] = Some(c);
-    }
-
-    fn kill(&mut self, n: usize) {
-        let mut c = self.procs[n - 1].take().expect("running");
-        c.kill().unwrap(); // SIGKILL
-        c.wait().unwrap();
-    }
-
-    fn initial(&self, members: &[usize]) -> String {
-        members.iter().map(|&n| format!("{}={}", self.name(n), peer_url(n))).collect::<Vec<_>>().join(",")
-    }
-}
-
-fn config(dir: &Path, n: usize, client: &str) -> EtcdConfig {
-    EtcdConfig {
-        endpoints: vec![client_url(n)],
-        ca_file: dir.join("server-ca.crt"),
-        cert_file: dir.join(format!("{client}.crt")),
-        key_file: dir.join(format!("{client}.key")),
-        ..EtcdConfig::default()
-    }
-}
-
-/// Looks until every member listed answers its status and sees a leader.
-async fn settled(gate: &EtcdGate, want: usize, within: Duration) -> View {
-    let t0 = Instant::now();
-    loop {
-        if let Ok(v) = gate.look().await {
-            let ok = v.statuses.iter().filter(|(_, s)| s.as_ref().is_ok_and(|s| s.leader != 0)).count();
-            if v.list.members.len() == want && ok == want {
-                return v;
-            }
-        }
-        assert!(t0.elapsed() < within, "etcd did not settle with {want} healthy members within {within:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// A membership change, retried while etcd says "unhealthy cluster" (it takes changes
 /// only once every member has been connected for a few seconds).
@@ -229,32 +69,15 @@ fn etcd_gate_against_a_real_tls_cluster() {
 
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    ca(d, "server-ca");
-    for n in 1..=4 {
-        leaf(
-            d,
-            "server-ca",
-            &format!("server{n}"),
-            &format!("IP:{},IP:127.0.0.1,DNS:localhost", ip(n)),
-            "serverAuth,clientAuth",
-        );
-    }
-    leaf(d, "server-ca", "client", "DNS:etcd-client", "clientAuth");
-    ca(d, "rogue-ca");
-    leaf(d, "rogue-ca", "rogue", "DNS:rogue", "clientAuth");
-    // k3s names members <node>-<8 hex>, random at first start.
-    let hex: Vec<String> =
-        (0..4).map(|i| format!("{:08x}", std::process::id().wrapping_mul(2654435761).rotate_left(i * 8))).collect();
-    let names = (1..=4).map(|n| format!("server{n}-{}", hex[n - 1])).collect();
-    let mut cl = Cluster { etcd: bin.join("etcd"), dir: d.to_path_buf(), names, procs: vec![None, None, None, None] };
-    let three = cl.initial(&[1, 2, 3]);
-    for n in 1..=3 {
-        cl.start(n, &three, "new");
-    }
+    // Four members' certificates: the fourth joins later as a learner.
+    let mut cl = EtcdCluster::new(&bin, d, "127.0.0.3", 4);
+    common::etcd_cluster::ca(d, "rogue-ca");
+    common::etcd_cluster::leaf(d, "rogue-ca", "rogue", "DNS:rogue", "clientAuth");
+    let three = cl.start_new(3);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let t = Instant::now();
-        let gate1 = EtcdGate::new(&config(d, 1, "client")).unwrap();
+        let gate1 = EtcdGate::new(&cl.config(1, "client")).unwrap();
         let v = settled(&gate1, 3, Duration::from_secs(30)).await;
         println!(
             "[{:>5.1}s] three members up, each answering over TLS with client-cert auth",
@@ -277,10 +100,10 @@ fn etcd_gate_against_a_real_tls_cluster() {
         assert_eq!(v1.list.members.iter().find(|m| m.id == me1).unwrap().name, cl.name(1));
 
         // Client-certificate auth is on: a client with another CA's certificate gets nothing.
-        let rogue = EtcdClient::new(&config(d, 1, "rogue")).unwrap();
-        let e = rogue.member_list(&Endpoint::parse(&client_url(1)).unwrap()).await.unwrap_err();
+        let rogue = EtcdClient::new(&cl.config(1, "rogue")).unwrap();
+        let e = rogue.member_list(&Endpoint::parse(&cl.client_url(1)).unwrap()).await.unwrap_err();
         println!("[{:>5.1}s] a certificate from another CA is refused: {e:#}", t.elapsed().as_secs_f64());
-        let mut missing = config(d, 1, "client");
+        let mut missing = cl.config(1, "client");
         missing.key_file = d.join("absent.key");
         let e = format!("{:#}", EtcdGate::new(&missing).err().unwrap());
         assert!(e.contains("etcd.key_file") && e.contains("absent.key"), "{e}");
@@ -296,7 +119,7 @@ fn etcd_gate_against_a_real_tls_cluster() {
         // ... started again: the after-restart check (through its own endpoint) passes
         // once it is back and caught up, and the gate lets member 1 go again.
         cl.start(3, &three, "existing");
-        let gate3 = EtcdGate::new(&config(d, 3, "client")).unwrap();
+        let gate3 = EtcdGate::new(&cl.config(3, "client")).unwrap();
         let me3 = v1.list.members.iter().find(|m| m.name == cl.name(3)).unwrap().id;
         let back = gate3.wait_back(me3, tokio::time::Instant::now() + Duration::from_secs(30), "30s").await.unwrap();
         assert_eq!(back.self_id(), me3);
@@ -313,9 +136,9 @@ fn etcd_gate_against_a_real_tls_cluster() {
         settled(&gate1, 3, Duration::from_secs(30)).await;
 
         // Fault 2: a learner added (as k3s adds a joining server), not started yet.
-        let ep1 = Endpoint::parse(&client_url(1)).unwrap();
-        let admin = EtcdClient::new(&config(d, 1, "client")).unwrap();
-        let add = format!(r#"{{"peerURLs":["{}"],"isLearner":true}}"#, peer_url(4));
+        let ep1 = Endpoint::parse(&cl.client_url(1)).unwrap();
+        let admin = EtcdClient::new(&cl.config(1, "client")).unwrap();
+        let add = format!(r#"{{"peerURLs":["{}"],"isLearner":true}}"#, cl.peer_url(4));
         let added = reconfigure(&admin, &ep1, "/v3/cluster/member/add", &add).await;
         let added: serde_json::Value = serde_json::from_slice(&added).unwrap();
         let id4 = added["member"]["ID"].as_str().unwrap().to_string();
@@ -323,7 +146,7 @@ fn etcd_gate_against_a_real_tls_cluster() {
         assert!(matches!(named(&r).2, Reason::NotStarted), "{r}");
         println!("[{:>5.1}s] a learner added, not started: refused: {r}", t.elapsed().as_secs_f64());
         // ... started: still a learner, refused naming it.
-        let four = format!("{},{}={}", three, cl.name(4), peer_url(4));
+        let four = format!("{},{}={}", three, cl.name(4), cl.peer_url(4));
         cl.start(4, &four, "existing");
         let t4 = Instant::now();
         let r = loop {

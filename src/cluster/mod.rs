@@ -202,8 +202,15 @@ impl Cluster for AlwaysFree {
 
 /// The cluster client for `[cluster]`: the Kubernetes API through the configured
 /// endpoints. Reads nothing and connects nowhere until first used.
-pub async fn connect(cfg: &ClusterConfig, levels: &LevelsConfig) -> anyhow::Result<Box<dyn Cluster>> {
-    Ok(Box::new(KubeCluster::new(cfg, levels)?))
+/// The cluster edge; a drain's progress is published at `drain_progress` for `status`.
+pub async fn connect(
+    cfg: &ClusterConfig,
+    levels: &LevelsConfig,
+    drain_progress: PathBuf,
+) -> anyhow::Result<Box<dyn Cluster>> {
+    let mut c = KubeCluster::new(cfg, levels)?;
+    c.drain_progress = Some(drain_progress);
+    Ok(Box::new(c))
 }
 
 /// The Kubernetes API as [`Cluster`].
@@ -213,6 +220,8 @@ pub struct KubeCluster {
     node_name: String,
     cfg: ClusterConfig,
     levels: LevelsConfig,
+    /// Where the drain's progress is written for `status` (none: not published).
+    pub drain_progress: Option<PathBuf>,
 }
 
 impl KubeCluster {
@@ -232,7 +241,7 @@ impl KubeCluster {
         // two holders, and must not mistake each other's Lease for their own.
         let identity = format!("{node_name}/{}", std::process::id());
         let lease = LeaseLock::new(&c.lease_namespace, &c.lease_name, identity, c.lease_duration.0);
-        Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: levels.clone() })
+        Ok(KubeCluster { endpoints, lease, node_name, cfg: c.clone(), levels: levels.clone(), drain_progress: None })
     }
 
     fn marks(&self) -> NodeMarks<'_> {
@@ -391,10 +400,26 @@ impl Cluster for KubeCluster {
         };
         let node = self.node_name.as_str();
         tracing::info!(node, level = %level, timeout = ?settings.timeout, "draining the Node");
+        let started = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+        let publish = |report: &drain::DrainReport, running: bool| {
+            let Some(path) = &self.drain_progress else { return };
+            let p = drain::PublishedDrain {
+                pid: std::process::id(),
+                node: node.to_string(),
+                level: level.to_string(),
+                started,
+                running,
+                report: report.clone(),
+            };
+            p.write(path);
+        };
+        publish(&drain::DrainReport::default(), true);
         let report = drain::drain(&self.endpoints, node, settings, stop, &mut |r| {
             tracing::info!(node, progress = %r, "drain");
+            publish(r, true);
         })
         .await;
+        publish(&report, false);
         let (type_, reason, message) = report.event();
         if report.incomplete() {
             tracing::warn!(node, report = %report, "the drain left pods on the Node");

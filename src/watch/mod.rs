@@ -25,8 +25,9 @@ use crate::level_keeper::{self, Backoff, Keeper, Pending};
 use crate::level_record::LevelRecord;
 use crate::metrics::{self, METRICS};
 use crate::pressure::Sampler;
-use crate::psi_trigger::{self, Cause, Pacer, Pacing, Wake};
+use crate::psi_trigger::{self, Cause, Pacer, Wake};
 use crate::runtime::{lock_memory, runtime};
+use crate::sample::Pacing;
 use crate::step::{self, Outcome};
 pub use ticker::Ticker;
 
@@ -48,7 +49,8 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
             // Bound before anything else, so a busy address stops watch at once.
             let listener = metrics::bind(addr)?;
             // Healthy while samples keep coming: three periods, and slack for a slow one.
-            let max_age = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
+            let polling = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
+            let max_age = metrics::MaxSampleAge { polling, on_trigger: psi_trigger::SAFETY_TIMEOUT + polling };
             tokio::spawn(metrics::serve(listener, &METRICS, max_age));
             tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
         }

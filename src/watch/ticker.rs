@@ -13,7 +13,8 @@ use crate::level::Level;
 use crate::metrics::METRICS;
 use crate::notify::Notifier;
 use crate::pressure::{SampleError, Sampler};
-use crate::psi_trigger::{self, Pacing};
+use crate::psi_trigger;
+use crate::sample::Pacing;
 use crate::statefile::{self, LastStep, Published, PublishedRefusal};
 use crate::step::Outcome;
 
@@ -64,6 +65,7 @@ impl Ticker {
     /// Publishes how `watch` waits (written at once: it changes rarely).
     pub(super) fn set_pacing(&mut self, pacing: Pacing, trigger: Option<&str>) {
         self.published.pacing = Some(pacing);
+        METRICS.set_pacing(pacing);
         if let Some(t) = trigger {
             self.published.trigger = Some(t.to_string());
         }

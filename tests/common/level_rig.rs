@@ -6,6 +6,12 @@
 //! deploy/rbac.yaml, the container's system bus, its drop-in and start record, and
 //! its level record at the container's own /var/lib/regrade/level.json (which
 //! `record-start` in the container reads too).
+//!
+//! The etcd gate asks a three-member etcd on the host (127.0.0.41–43,
+//! tests/common/etcd_cluster.rs), not the container's own one-member etcd: a gate
+//! that judged the member k3s restarts would rightly refuse every restart of a lone
+//! voter. So these tests cover the level record through restarts the gate allows; the
+//! gate's judgement of the restarted member itself is in etcd_gate and the e2e test.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,6 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::Value;
 
+use super::etcd_cluster::{self, EtcdCluster};
 use super::nspawn::Container;
 use super::Harness;
 
@@ -30,6 +37,7 @@ pub struct LevelRig {
     pub dir: tempfile::TempDir,
     pub conf: PathBuf,
     pub admin: kube::Client,
+    pub etcd: EtcdCluster,
     rt: tokio::runtime::Runtime,
 }
 
@@ -77,8 +85,14 @@ impl LevelRig {
         c.wait_healthy(Duration::from_secs(90));
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let admin = rt.block_on(h.admin());
+        let etcd_dir = dir.path().join("etcd");
+        std::fs::create_dir_all(&etcd_dir).unwrap();
+        let mut etcd = EtcdCluster::new(&h.bin_dir, &etcd_dir, "127.0.0.4", 3);
+        etcd.start_new(3);
+        let gate = regrade::etcd::gate::EtcdGate::new(&etcd.config(1, "client")).unwrap();
+        rt.block_on(etcd_cluster::settled(&gate, 3, Duration::from_secs(30)));
         let conf = dir.path().join("regrade.toml");
-        let rig = LevelRig { h, c, dir, conf, admin, rt };
+        let rig = LevelRig { h, c, dir, conf, admin, etcd, rt };
         rig.write_config(&sa, None);
         rig.pressure(20.0);
         rig.wait("the stand-in's Node Ready", Duration::from_secs(90), || rig.node().is_some().then_some(()));
@@ -110,7 +124,7 @@ impl LevelRig {
             d.join("psi"),
             d.join("meminfo"),
             d.join("endpoints"),
-        );
+        ) + &self.etcd.config_toml(1);
         std::fs::write(&self.conf, top + &self.c.config_text("30s", &rest)).unwrap();
     }
 

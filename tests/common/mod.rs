@@ -25,6 +25,9 @@ pub mod nspawn;
 /// The level-record tests' rig: API server, nspawn container, `regrade` as a child.
 pub mod level_rig;
 
+/// A real etcd cluster with TLS and client-certificate auth, as k3s runs it.
+pub mod etcd_cluster;
+
 /// A proxy in front of the API server that loses a Node PATCH's reply.
 pub mod lost_reply;
 

@@ -50,7 +50,9 @@ kubectl=("$bin/kubectl")
 
 work="$(mktemp -d /tmp/regrade-compose.XXXXXX)"
 harness_pid=""
+etcd_pids=()
 cleanup() {
+  for p in "${etcd_pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   (cd "$work" && docker-compose -p k3s -f compose.yaml -f compose.test.yaml --profile regrade down -v -t 5) >/dev/null 2>&1 || true
   [ -n "$harness_pid" ] && kill "$harness_pid" 2>/dev/null && wait "$harness_pid" 2>/dev/null
   rm -rf "$work"
@@ -97,6 +99,44 @@ for try in 1 2 3; do
 done
 [ -n "$harness_pid" ] || fail "the kube harness did not start"
 admin="$(head -n 1 "$work/harness.out")"
+
+# --- The etcd the gate asks: three members on the host (127.0.0.51-53, client :2379,
+# peer :2380) with TLS and client-certificate auth, as k3s runs etcd. The stand-in's
+# own etcd is one member, and a gate that judged it would rightly refuse every
+# restart of a lone voter (etcd-too-few-voters); this test is about the Docker path,
+# and the gate's judgement of the member k3s restarts is tested in tests/etcd_gate.rs
+# and the three-server e2e test. regrade reads the certificates mounted at
+# /etc/regrade/etcd (compose.test.yaml).
+etcd_dir="$work/etcd"
+mkdir -p "$etcd_dir"
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+(
+  cd "$etcd_dir"
+  openssl req -x509 "${ec[@]}" -keyout server-ca.key -out server-ca.crt -days 2 -subj /CN=server-ca 2>/dev/null
+  leaf() { # NAME SAN USAGE
+    printf 'subjectAltName=%s\nextendedKeyUsage=%s\n' "$2" "$3" >"$1.ext"
+    openssl req "${ec[@]}" -keyout "$1.key" -out "$1.csr" -subj "/CN=$1" 2>/dev/null
+    openssl x509 -req -in "$1.csr" -CA server-ca.crt -CAkey server-ca.key -CAcreateserial -out "$1.crt" -days 2 \
+      -extfile "$1.ext" 2>/dev/null
+  }
+  for n in 1 2 3; do leaf "server$n" "IP:127.0.0.5$n" serverAuth,clientAuth; done
+  leaf client DNS:etcd-client clientAuth
+)
+initial="server-1-0c0e7c01=http://127.0.0.51:2380,server-2-0c0e7c02=http://127.0.0.52:2380,server-3-0c0e7c03=http://127.0.0.53:2380"
+for n in 1 2 3; do
+  "$bin/etcd" --name "server-$n-0c0e7c0$n" --data-dir "$etcd_dir/data$n" \
+    --listen-client-urls "https://127.0.0.5$n:2379" --advertise-client-urls "https://127.0.0.5$n:2379" \
+    --listen-peer-urls "http://127.0.0.5$n:2380" --initial-advertise-peer-urls "http://127.0.0.5$n:2380" \
+    --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token compose \
+    --client-cert-auth --trusted-ca-file "$etcd_dir/server-ca.crt" \
+    --cert-file "$etcd_dir/server$n.crt" --key-file "$etcd_dir/server$n.key" \
+    --log-level warn >"$etcd_dir/etcd$n.log" 2>&1 &
+  etcd_pids+=($!)
+done
+etcd_ok() {
+  curl -sf --cacert "$etcd_dir/server-ca.crt" --cert "$etcd_dir/client.crt" --key "$etcd_dir/client.key" \
+    https://127.0.0.51:2379/health | grep -q '"health":"true"'
+}
 server="$(sed -n 's/^SERVER=//p' "$work/harness.out")"
 port="${server##*:}"
 kc() { "${kubectl[@]}" --kubeconfig "$admin" "$@"; }
@@ -143,6 +183,12 @@ container = "k3s"
 stop_timeout = "10s"
 etcd_health_url = "http://127.0.0.61:2381/health"
 health_timeout = "90s"
+
+[etcd]
+endpoints = ["https://127.0.0.51:2379"]
+ca_file = "/etc/regrade/etcd/server-ca.crt"
+cert_file = "/etc/regrade/etcd/client.crt"
+key_file = "/etc/regrade/etcd/client.key"
 EOF
 cat >"$work/compose.test.yaml" <<EOF
 # TEST CODE: what the test adds to compose.yaml: the rig's dockerd socket in place of
@@ -156,6 +202,7 @@ services:
     volumes:
       - $sock:/var/run/docker.sock
       - ./fixture:/var/lib/regrade-fixture:ro
+      - ./etcd:/etc/regrade/etcd:ro
 EOF
 # "over" needs both: pressure at or above the threshold and MemAvailable under the
 # floor (512 MiB by default); "calm" needs both the other way (docs/behaviour.md).
@@ -210,6 +257,9 @@ node_ready() {
   kc get node server-1 -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
 }
 healthy() { curl -sf http://127.0.0.61:2381/health >/dev/null; }
+
+wait_for 30 "the gate's three-member etcd" etcd_ok
+say "the gate's etcd: three members on 127.0.0.51-53"
 
 # 1. k3s alone.
 compose up -d
