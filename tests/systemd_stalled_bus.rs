@@ -1,7 +1,8 @@
 //! The systemd actuator against a stalled system bus: a private `dbus-daemon` (the
 //! real broker, Debian's) on which a peer owns `org.freedesktop.systemd1` and never
-//! answers — what PID 1 or the broker look like when they are stuck under memory
-//! pressure. The step must end by its bounds with nothing changed, not hang.
+//! answers — what PID 1 looks like when it is stuck under memory pressure — and then
+//! a bus socket that takes the connection and never answers the handshake (a stuck
+//! broker). Each step must end by its bounds with nothing changed, not hang.
 //! Gated by REGRADE_TEST_SYSTEMD=1 (needs dbus-daemon; no root).
 
 use std::path::Path;
@@ -124,6 +125,27 @@ fn a_step_against_a_stalled_bus_ends_in_bounded_time_with_nothing_changed() {
     // Three attempts of 1 s each plus backoff: far below the 30 s health timeout,
     // and nowhere near "forever".
     assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(!dropin.exists(), "the etcd-only drop-in was not written");
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), "full");
+
+    // A stuck broker: the socket takes the connection and never says a word.
+    let stuck = dir.path().join("stuck-bus");
+    let listener = std::os::unix::net::UnixListener::bind(&stuck).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    std::env::set_var("DBUS_SYSTEM_BUS_ADDRESS", format!("unix:path={}", stuck.display()));
+    let mut a = SystemdActuator::new(&cfg.systemd, &cfg.levels).unwrap();
+    let t0 = Instant::now();
+    let result = rt.block_on(a.apply_level(Level::EtcdOnly, &NeverReady));
+    let took = t0.elapsed();
+    eprintln!("stuck broker: the step ended after {took:?}: {result:?}");
+    let e = format!("{:#}", result.expect_err("a step against a stuck broker must fail"));
+    assert!(e.contains("system bus") && e.contains("did not answer within 1s"), "{e}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(!dropin.exists(), "the etcd-only drop-in was not written");
     assert_eq!(std::fs::read_to_string(&record).unwrap(), "full");
 }

@@ -73,15 +73,19 @@ pub struct Systemd {
 }
 
 impl Systemd {
-    /// Connects to the system bus; `timeout` bounds every call made on it. The
-    /// connection itself is made as zbus makes it by default: with zbus's own method
-    /// timeout set, connecting to the system bus from inside a k3s server's unit never
-    /// completed in the end-to-end test, so that bound is left for later (the calls,
-    /// where a stalled systemd shows, are bounded).
+    /// Connects to the system bus within `timeout`, which bounds every call made on
+    /// it too. The connection is made as zbus makes it by default and bounded from
+    /// outside: with zbus's own method timeout set on the builder, connecting from
+    /// inside a k3s server's unit never completed in the end-to-end test.
     pub async fn connect(unit: &str, timeout: Duration) -> anyhow::Result<Systemd> {
-        let conn = Connection::system().await.context(
-            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd",
-        )?;
+        const WHAT: &str =
+            "connecting to the system bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket) to reach systemd";
+        let conn = tokio::time::timeout(timeout, Connection::system())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("{WHAT}: the bus did not answer within {}", crate::units::format_duration(timeout))
+            })?
+            .context(WHAT)?;
         Ok(Systemd { conn, unit: unit.to_string(), timeout })
     }
 
