@@ -94,27 +94,43 @@ impl Actuator for FakeActuator {
     }
 }
 
+/// The Node's level label as [`FakeCluster`] keeps it, shared so that a test can read
+/// or change it behind the back of whoever holds the cluster; `Err`: the Node cannot
+/// be read (nor marked), with that message.
+pub type Label = Rc<RefCell<Result<Option<Level>, String>>>;
+
 /// The cluster: refuses with `refuse` (if set) at preflight and acquire, loses the
 /// Lease at once while a step runs (`lose_lease`), fails to mark the Node
-/// (`fail_marks`), and reports `node_level` as the Node's label.
+/// (`fail_marks`, or while `label` is unreadable), and keeps the Node's label in
+/// `label` (a mark sets it).
 pub struct FakeCluster {
     pub refuse: Option<Refusal>,
     pub lose_lease: bool,
     pub fail_marks: bool,
-    /// What `node_level` answers; `Err`: the message of an unreadable Node.
-    pub node_level: Result<Option<Level>, String>,
+    pub label: Label,
     pub log: Log,
 }
 
 impl Default for FakeCluster {
     fn default() -> FakeCluster {
-        FakeCluster { refuse: None, lose_lease: false, fail_marks: false, node_level: Ok(None), log: Log::default() }
+        FakeCluster {
+            refuse: None,
+            lose_lease: false,
+            fail_marks: false,
+            label: Rc::new(RefCell::new(Ok(None))),
+            log: Log::default(),
+        }
     }
 }
 
 impl FakeCluster {
     pub fn logging_to(log: &Log) -> FakeCluster {
         FakeCluster { log: log.clone(), ..Default::default() }
+    }
+
+    /// A Node labelled `label` (`Err`: unreadable, with that message).
+    pub fn labelled(label: Result<Option<Level>, &str>) -> FakeCluster {
+        FakeCluster { label: Rc::new(RefCell::new(label.map_err(str::to_string))), ..Default::default() }
     }
 }
 
@@ -154,11 +170,15 @@ impl Cluster for FakeCluster {
         if self.fail_marks {
             anyhow::bail!("503 from every endpoint");
         }
+        if let Err(e) = &*self.label.borrow() {
+            anyhow::bail!("{e}");
+        }
+        *self.label.borrow_mut() = Ok((level != Level::Full).then_some(level));
         Ok(())
     }
 
     async fn node_level(&self) -> anyhow::Result<Option<Level>> {
-        self.node_level.clone().map_err(|e| anyhow::anyhow!("{e}"))
+        self.label.borrow().clone().map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     async fn record(&self, e: StepEvent<'_>) {

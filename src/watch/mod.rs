@@ -384,62 +384,11 @@ fn say_what_is_read(cfg: &Config, mode: Mode) {
 mod tests {
     use super::*;
     use crate::actuator::NodeReadiness;
-    use crate::cluster::{Cluster, Refusal};
     use crate::level_record::{Phase, StepInProgress};
-    use crate::levels::LevelsConfig;
     use crate::runtime::runtime;
     use crate::testing::{FakeActuator, FakeCluster};
     use async_trait::async_trait;
-    use std::cell::RefCell;
     use std::rc::Rc;
-    use std::time::SystemTime;
-
-    /// A cluster whose Node carries `label` (or cannot be read: `Err`), that grants
-    /// every step and records the marks it is asked for.
-    #[derive(Clone)]
-    struct Node {
-        label: Rc<RefCell<Result<Option<Level>, String>>>,
-        marked: Rc<RefCell<Vec<Level>>>,
-    }
-
-    impl Node {
-        fn new(label: Result<Option<Level>, &str>) -> Node {
-            Node { label: Rc::new(RefCell::new(label.map_err(str::to_string))), marked: Rc::default() }
-        }
-    }
-
-    #[async_trait(?Send)]
-    impl NodeReadiness for Node {
-        async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[async_trait(?Send)]
-    impl Cluster for Node {
-        async fn preflight(&self, _: &Step) -> Result<(), Refusal> {
-            Ok(())
-        }
-        async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
-            Ok(())
-        }
-        async fn hold(&self) -> anyhow::Error {
-            std::future::pending().await
-        }
-        async fn release(&self) {}
-        async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
-            if let Err(e) = &*self.label.borrow() {
-                anyhow::bail!("{e}");
-            }
-            self.marked.borrow_mut().push(level);
-            *self.label.borrow_mut() = Ok((level != Level::Full).then_some(level));
-            Ok(())
-        }
-        async fn node_level(&self) -> anyhow::Result<Option<Level>> {
-            self.label.borrow().clone().map_err(|e| anyhow::anyhow!("{e}"))
-        }
-        async fn record(&self, _: StepEvent<'_>) {}
-    }
 
     /// An actuator whose level (what k3s was started at) the test sets.
     struct Shared(Rc<std::cell::Cell<Level>>);
@@ -492,10 +441,11 @@ mod tests {
         record(&cfg, Level::ControlPlane, None);
         // k3s started from an absent drop-in after the reboot: full's flags.
         let k3s = Rc::new(std::cell::Cell::new(Level::Full));
-        let node = Node::new(Err("every endpoint timed out"));
+        let node = FakeCluster::labelled(Err("every endpoint timed out"));
+        let label = node.label.clone();
         let backend = Backend {
             actuator: Box::new(Shared(k3s)),
-            cluster: Box::new(node.clone()),
+            cluster: Box::new(node),
             etcd: Box::new(crate::etcd::NoRestartGate),
         };
         runtime().unwrap().block_on(async {
@@ -506,9 +456,9 @@ mod tests {
             assert_eq!(w.pending, Pending::Marks, "still unreachable: retried later");
             assert!(!w.backoff.due(), "with backoff");
             // The API answers again, the Node was unlabelled meanwhile by someone.
-            *node.label.borrow_mut() = Ok(None);
+            *label.borrow_mut() = Ok(None);
             w.converge(Duration::from_secs(10)).await;
-            assert_eq!(*node.marked.borrow(), [Level::ControlPlane]);
+            assert_eq!(*label.borrow(), Ok(Some(Level::ControlPlane)), "marked again");
             assert_eq!(w.pending, Pending::Nothing);
             assert_eq!(on_disk(&cfg).level, Level::ControlPlane);
         });
@@ -524,10 +474,12 @@ mod tests {
         record(&cfg, Level::EtcdOnly, Some((Level::EtcdOnly, Level::ControlPlane, Phase::Restarting)));
         // k3s restarted from the removed drop-in: the hook recorded full.
         let k3s = Rc::new(std::cell::Cell::new(Level::Full));
-        let node = Node::new(Ok(Some(Level::EtcdOnly)));
+        let log = crate::testing::Log::default();
+        let node = FakeCluster { log: log.clone(), ..FakeCluster::labelled(Ok(Some(Level::EtcdOnly))) };
+        let label = node.label.clone();
         let backend = Backend {
             actuator: Box::new(Shared(k3s.clone())),
-            cluster: Box::new(node.clone()),
+            cluster: Box::new(node),
             etcd: Box::new(crate::etcd::NoRestartGate),
         };
         runtime().unwrap().block_on(async {
@@ -535,10 +487,12 @@ mod tests {
             assert_eq!(w.ticker.state.level, Level::EtcdOnly, "starts from the step's from, never full");
             let want = Step { direction: crate::decide::Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
             assert_eq!(w.pending, Pending::Resume(want));
-            assert!(node.marked.borrow().is_empty(), "nothing marked before the step is finished");
+            assert!(!log.take().iter().any(|c| c.starts_with("mark")), "nothing marked before the step is finished");
             w.converge(Duration::from_secs(5)).await;
             assert_eq!(w.ticker.state.level, Level::ControlPlane);
-            assert_eq!(*node.marked.borrow(), [Level::ControlPlane], "marked one level up, not full");
+            let marks: Vec<String> = log.take().into_iter().filter(|c| c.starts_with("mark")).collect();
+            assert_eq!(marks, ["mark control-plane"], "marked one level up, not full");
+            assert_eq!(*label.borrow(), Ok(Some(Level::ControlPlane)));
             let r = on_disk(&cfg);
             assert_eq!((r.level, r.step), (Level::ControlPlane, None));
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(5)), "the finished step starts the cooldown");
@@ -550,7 +504,7 @@ mod tests {
     fn backend(level: Level) -> (Backend, std::rc::Rc<std::cell::Cell<Level>>) {
         let actuator = FakeActuator::at(level);
         let shared = actuator.level.clone();
-        let cluster = FakeCluster { node_level: Ok(Some(Level::ControlPlane)), ..Default::default() };
+        let cluster = FakeCluster::labelled(Ok(Some(Level::ControlPlane)));
         (
             Backend {
                 actuator: Box::new(actuator),
@@ -599,7 +553,7 @@ mod tests {
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::ControlPlane, None);
         let k3s = Rc::new(std::cell::Cell::new(Level::Full));
-        let node = Node::new(Ok(Some(Level::ControlPlane)));
+        let node = FakeCluster::labelled(Ok(Some(Level::ControlPlane)));
         let backend = Backend {
             actuator: Box::new(Shared(k3s)),
             cluster: Box::new(node),
