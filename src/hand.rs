@@ -3,11 +3,13 @@
 //! ([`next_hand_step`]) is pure; `watch` notices a hand step by the actuator's level.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Subcommand;
 
 use crate::backend::{self, Backend};
-use crate::cluster::StepEvent;
+use crate::cluster::lease::EXPIRY_MARGIN;
+use crate::cluster::{RefusalKind, StepEvent};
 use crate::config::Config;
 use crate::decide::{Direction, Step};
 use crate::level::Level;
@@ -62,6 +64,12 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 }
             }
         }
+        // A Lease held by another is watched for up to a lease duration (and the
+        // margin): a holder that died stops renewing it, and only this process's own
+        // observation of an unchanged Lease lets it take over (never the holder's
+        // renewTime, on another clock). A live holder keeps renewing: refused then.
+        let patience = cfg.cluster.lease_duration.0 + EXPIRY_MARGIN + Duration::from_secs(2);
+        let mut lease_wait: Option<tokio::time::Instant> = None;
         loop {
             let current = keeper.level();
             let step = match next_hand_step(current, target, &levels)? {
@@ -74,7 +82,9 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             if interrupted {
                 anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
             }
-            println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
+            if lease_wait.is_none() {
+                println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
+            }
             let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
             let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
             if keeper.marks_unsure.replace(false) {
@@ -84,6 +94,25 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             }
             match outcome {
                 Outcome::Done => println!("now at {}", step.to),
+                Outcome::Refused(r)
+                    if r.kind == RefusalKind::LeaseHeld
+                        && !interrupted
+                        && lease_wait.is_none_or(|until| tokio::time::Instant::now() < until) =>
+                {
+                    if lease_wait.is_none() {
+                        println!(
+                            "{r}; watching it for up to {} (a holder that stopped renewing it is taken over)",
+                            crate::units::format_duration(patience)
+                        );
+                        lease_wait = Some(tokio::time::Instant::now() + patience);
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = term.recv() => interrupted = true,
+                        _ = int.recv() => interrupted = true,
+                    }
+                    continue;
+                }
                 Outcome::Refused(r) => {
                     cluster.record(StepEvent::Refused(&step, &r)).await;
                     anyhow::bail!("refused: {r}");
@@ -92,6 +121,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                     anyhow::bail!("{} failed, k3s is at {level}: {error:#}", step.direction.action())
                 }
             }
+            lease_wait = None;
             if !matches!(target, StepTarget::To { .. }) {
                 return Ok(ExitCode::SUCCESS);
             }
