@@ -3,10 +3,7 @@
 #   - the static regrade build, with `file` and `ldd` of it (static.sh);
 #   - the Docker actuator tests (tests/docker_actuator.rs) and the feature check
 #     (tests/docker_build.rs);
-#   - with REGRADE_TEST_COMPOSE=1 only: the Compose example brought up end to end
-#     (compose.sh). It does not pass yet (the watcher in the regrade container starts
-#     but takes no sample-driven step; see deploy/docker/README.md), so it is not in
-#     the default path.
+#   - the Compose example brought up end to end with docker-compose (compose.sh).
 #   REGRADE_TEST_DOCKER=1 tests/docker/run.sh    (as root)
 # Extra arguments go to the actuator test binary (e.g. a test name).
 set -euo pipefail
@@ -20,9 +17,5 @@ echo "run.sh: static build and checks took $((SECONDS - t0)) s" >&2
 # The tests start the rig themselves (rig.sh up, once per process).
 REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" cargo test --locked --no-fail-fast --features docker \
   --test docker_actuator --test docker_build -- --test-threads=1 "$@"
-if [ "${REGRADE_TEST_COMPOSE:-}" = 1 ]; then
-  REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" bash "$here/compose.sh"
-else
-  echo "run.sh: compose.sh skipped (not yet passing; REGRADE_TEST_COMPOSE=1 runs it)" >&2
-fi
+REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" bash "$here/compose.sh"
 echo "run.sh: the Docker tests took $((SECONDS - t0)) s" >&2
