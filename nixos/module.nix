@@ -27,6 +27,8 @@
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
+  # The level record (src/level_record.rs): on disk, so it survives a reboot below full.
+  levelRecordFile = cfg.settings.level_record or "/var/lib/regrade/level.json";
   # Left by the switch-time check; `regrade watch` starts no step while it holds (src/hold.rs
   # reads it: `switch-hold` beside the state file).
   holdFile = "${dirOf stateFile}/switch-hold";
@@ -531,6 +533,7 @@ in {
           regrade_dropin=${lib.escapeShellArg cfg.settings.systemd.dropin}
           regrade_record=${lib.escapeShellArg recordFile}
           regrade_state=${lib.escapeShellArg stateFile}
+          regrade_level_record=${lib.escapeShellArg levelRecordFile}
           regrade_hold=${lib.escapeShellArg holdFile}
           regrade_hold_seconds=${toString cfg.switchHoldSeconds}
           regrade_bin=${pkgs.coreutils}/bin

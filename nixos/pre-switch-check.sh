@@ -3,6 +3,7 @@
 #
 # nixos/module.nix puts this text into `system.preSwitchChecks` after these assignments:
 #   regrade_dropin regrade_record regrade_state  the paths the running regrade uses
+#   regrade_level_record                         its level record (kept across reboots)
 #   regrade_hold regrade_hold_seconds            the hold it leaves (see below)
 #   regrade_bin                                  coreutils' bin directory
 # NixOS runs every check inside one writeShellApplication script (errexit, nounset,
@@ -50,6 +51,17 @@ if [ -r "$regrade_record" ]; then
   read -r regrade_level <"$regrade_record" || true
   if [ -n "$regrade_level" ] && [ "$regrade_level" != full ]; then
     regrade_below="k3s was started at level '$regrade_level' ($regrade_record)"
+  fi
+fi
+# The level record is on disk: after a reboot at control-plane it alone still knows
+# (the drop-in is for etcd-only only, the start record and the state are under /run).
+if [ -r "$regrade_level_record" ]; then
+  regrade_json="$(<"$regrade_level_record")" || regrade_json=""
+  if [[ $regrade_json =~ \"level\"[[:space:]]*:[[:space:]]*\"(control-plane|etcd-only)\" ]]; then
+    regrade_below="regrade's level record ($regrade_level_record) holds this server at '${BASH_REMATCH[1]}'"
+  fi
+  if [[ $regrade_json =~ \"step\"[[:space:]]*:[[:space:]]*\{ ]]; then
+    regrade_below="a step is under way by regrade's level record ($regrade_level_record)"
   fi
 fi
 # control-plane restarts nothing, so only the daemon's own state tells it.

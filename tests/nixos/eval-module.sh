@@ -62,7 +62,7 @@ fi
 k="$tmp/k3s"
 store="$(nix-instantiate --eval -E builtins.storeDir | tr -d '"')"
 bash "$here/pre-switch-check-test.sh" --render "$k/config.yaml.d/50-regrade.yaml" "$k/started-level" "$k/state.json" \
-  "$k/switch-hold" 300 "$store/00000000000000000000000000000000-coreutils/bin" >"$tmp/rendered-check.txt" || true
+  /var/lib/regrade/level.json "$k/switch-hold" 300 "$store/00000000000000000000000000000000-coreutils/bin" >"$tmp/rendered-check.txt" || true
 
 python3 - "$out" "$tmp" <<'PY'
 import json, sys

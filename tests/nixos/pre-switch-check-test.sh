@@ -17,8 +17,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 
 # The text nixos/module.nix gives system.preSwitchChecks.regrade-not-below-full.
-render_check() { # DROPIN RECORD STATE HOLD SECONDS COREUTILS_BIN
-  printf 'regrade_dropin=%s\nregrade_record=%s\nregrade_state=%s\nregrade_hold=%s\nregrade_hold_seconds=%s\nregrade_bin=%s\n' "$@"
+render_check() { # DROPIN RECORD STATE LEVEL_RECORD HOLD SECONDS COREUTILS_BIN
+  printf 'regrade_dropin=%s\nregrade_record=%s\nregrade_state=%s\nregrade_level_record=%s\nregrade_hold=%s\nregrade_hold_seconds=%s\nregrade_bin=%s\n' "$@"
   cat "$repo/nixos/pre-switch-check.sh"
 }
 
@@ -60,10 +60,12 @@ run="$tmp/run/regrade"
 dropin="$k3s/config.yaml.d/50-regrade.yaml"
 record="$run/started-level"
 state="$run/state.json"
+lib="$tmp/var/lib/regrade"
+level_record="$lib/level.json"
 hold="$run/switch-hold"
 secs=300
 coreutils="$(dirname "$(command -v date)")"
-render_check "$dropin" "$record" "$state" "$hold" "$secs" "$coreutils" >"$tmp/check.txt"
+render_check "$dropin" "$record" "$state" "$level_record" "$hold" "$secs" "$coreutils" >"$tmp/check.txt"
 
 for form in nixos-25.11 newer older; do
   wrap "$form" regrade-not-below-full "$tmp/check.txt" >"$tmp/pre-switch-checks.$form"
@@ -81,27 +83,46 @@ else
 fi
 
 # The levels, as the running regrade leaves its files.
+# The level record as src/level_record.rs writes it (pretty JSON).
+level_json() { # LEVEL [STEP]
+  local step=""
+  [ -z "${2:-}" ] || step=$',\n  "step": {\n    "from": "full",\n    "to": "'"$2"$'",\n    "phase": "marking",\n    "started": 1796000000\n  }'
+  printf '{\n  "version": 1,\n  "level": "%s"%s,\n  "keys": {\n    "cluster.level_label": "regrade.dev/level"\n  },\n  "updated": 1796000000\n}\n' "$1" "$step" >"$level_record"
+}
+
 set_level() {
-  rm -rf "$tmp/etc" "$tmp/run"
-  mkdir -p "$k3s/config.yaml.d" "$run"
+  rm -rf "$tmp/etc" "$tmp/run" "$tmp/var"
+  mkdir -p "$k3s/config.yaml.d" "$run" "$lib"
   case "$1" in
-    never-ran) rm -rf "$run" ;;
+    never-ran) rm -rf "$run" "$lib" ;;
     full)
       echo full >"$record"
       echo '{"pid":1,"level":"full","dry_run":false}' >"$state"
+      level_json full
       ;;
     control-plane) # no restart: the record still says full; only the state tells
       echo full >"$record"
       printf '{\n  "pid": 1,\n  "level": "control-plane",\n  "dry_run": false\n}\n' >"$state"
+      level_json control-plane
+      ;;
+    rebooted-at-control-plane) # /run is gone: only the level record knows
+      rm -rf "$run"
+      level_json control-plane
+      ;;
+    killed-mid-step) # SIGKILLed during a step down from full: only the record knows
+      rm -rf "$run"
+      level_json full control-plane
       ;;
     etcd-only)
       echo etcd-only >"$record"
       echo 'disable-apiserver: true' >"$dropin"
       echo '{"pid":1,"level":"etcd-only","dry_run":false}' >"$state"
+      level_json etcd-only
       ;;
     stepping) # the watch published a step it is starting (it looks for a hold next)
       echo full >"$record"
       echo '{"pid":1,"level":"full","stepping":"control-plane","dry_run":false}' >"$state"
+      level_json full
       ;;
     drop-in-only) # k3s not restarted yet, but will start below full
       echo full >"$record"
@@ -124,7 +145,7 @@ switch() { # FORM ACTION [noarg]
 
 for form in nixos-25.11 newer older; do
   for how in args noarg; do
-    for level in never-ran full control-plane etcd-only drop-in-only stepping; do
+    for level in never-ran full control-plane rebooted-at-control-plane killed-mid-step etcd-only drop-in-only stepping; do
       for action in switch boot test dry-activate check; do
         set_level "$level"
         what="[$form, \$2=${how/noarg/none (NIXOS_ACTION)}] $action at $level"
