@@ -223,6 +223,16 @@ impl Server {
         assert_eq!(unsafe { libc::kill(pids[0], sig) }, 0, "kill {sig} {}", pids[0]);
     }
 
+    /// The value of one sample of regrade's metrics (`[metrics] listen` in
+    /// tests/e2e/regrade.toml), e.g. `regrade_level{level="full"}`.
+    fn metric(&self, series: &str) -> f64 {
+        let text = in_netns(self.n, || common::nspawn::http_get("http://127.0.0.1:9559/metrics"))
+            .unwrap_or_else(|| panic!("{}: no metrics at 127.0.0.1:9559", self.name));
+        let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '));
+        let line = line.unwrap_or_else(|| panic!("{}: no {series} in\n{text}", self.name));
+        line[series.len()..].trim().parse().unwrap()
+    }
+
     /// etcd's /health, where k3s serves it: 127.0.0.1:2381 in the server's namespace.
     fn healthy(&self) -> bool {
         in_netns(self.n, || common::nspawn::health_ok("http://127.0.0.1:2381/health"))
@@ -708,7 +718,16 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
         assert_eq!(s.level(), "full", "{}", s.name);
     }
     poller.finish(20);
-    phase("2b. server1 at etcd-only; no other server below full meanwhile (polled every 300ms)");
+    assert_eq!(s1.metric(r#"regrade_level{level="etcd-only"}"#), 1.0);
+    assert_eq!(s1.metric(r#"regrade_level{level="full"}"#), 0.0);
+    let downs = s1.metric(r#"regrade_steps_total{direction="down",result="done"}"#);
+    assert!(downs >= 2.0, "two steps down done, the metrics say {downs}");
+    assert!(s1.metric(r#"regrade_refusals_total{reason="lease-held"}"#) >= 1.0, "step 1's refusal is counted");
+    assert_eq!(s2.metric(r#"regrade_steps_total{direction="down",result="done"}"#), 0.0);
+    phase(&format!(
+        "2b. server1 at etcd-only; no other server below full meanwhile (polled every 300ms); its metrics: \
+         regrade_level etcd-only, {downs} steps down done, the lease-held refusal counted"
+    ));
 
     // 3. server1 keeps its etcd member ID, its Node with the label, its node-password Secret.
     assert_eq!(s2.member_id("server1"), id_before);
@@ -792,6 +811,8 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     assert_eq!(s1.c.standin_flags()["flags"]["disable-apiserver"], json!(false));
     assert_eq!(s2.member_id("server1"), id_before);
     assert!(events(&a2, "server1", "RegradeStepUp").await.len() >= 2);
+    assert_eq!(s1.metric(r#"regrade_level{level="full"}"#), 1.0);
+    assert!(s1.metric(r#"regrade_steps_total{direction="up",result="done"}"#) >= 1.0);
     phase("6. calm values stepped server1 back to full: label, cordon, taint and drop-in gone, same member ID");
 
     // 7. regrade step down / step up by hand on server2.

@@ -217,16 +217,20 @@ impl Drop for Container {
 
 /// A blocking GET of etcd's health URL (`http://host:port/path`).
 pub fn health_ok(url: &str) -> bool {
+    http_get(url).is_some_and(|body| body.contains("\"health\":\"true\""))
+}
+
+/// The body of a 200 answer to a plain HTTP/1.0 GET of `url`; `None` otherwise.
+pub fn http_get(url: &str) -> Option<String> {
     let rest = url.strip_prefix("http://").unwrap();
     let (auth, path) = rest.split_at(rest.find('/').unwrap());
-    let Ok(mut s) = TcpStream::connect(auth) else { return false };
+    let mut s = TcpStream::connect(auth).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {auth}\r\n\r\n").as_bytes()).is_err() {
-        return false;
-    }
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {auth}\r\n\r\n").as_bytes()).ok()?;
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
-    text.split_whitespace().nth(1) == Some("200") && text.contains("\"health\":\"true\"")
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
 }
 
 impl Container {
