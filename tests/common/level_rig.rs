@@ -179,6 +179,20 @@ impl LevelRig {
         c.spawn().unwrap()
     }
 
+    /// `regrade ARGS` in the background, stdout and stderr both in `log`.
+    pub fn spawn(&self, args: &[&str], log: &Path) -> Child {
+        let out = std::fs::File::create(log).unwrap();
+        let mut c = self.command(args);
+        c.env("RUST_LOG", "info").stdout(out.try_clone().unwrap()).stderr(out);
+        c.spawn().unwrap()
+    }
+
+    /// The drain's progress as `regrade status` reads it (beside the state file).
+    pub fn drain(&self) -> Option<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("drain.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
     pub fn node(&self) -> Option<Node> {
         self.rt.block_on(Api::<Node>::all(self.admin.clone()).get_opt(NODE)).unwrap()
     }
