@@ -47,6 +47,21 @@ impl Notifier {
         self.send(format_args!("WATCHDOG=1"));
     }
 
+    /// Drives `fut` to its end, pinging the watchdog every period meanwhile: a step (a
+    /// restart) or an API call tried at every endpoint can outlast WatchdogSec. Each
+    /// such call is bounded by its own timeout, so this never feeds a hang forever.
+    pub async fn pinging<F: std::future::Future>(&self, fut: F) -> F::Output {
+        let Some(period) = self.watchdog_period() else { return fut.await };
+        tokio::pin!(fut);
+        let mut pings = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                out = &mut fut => return out,
+                _ = pings.tick() => self.watchdog(),
+            }
+        }
+    }
+
     /// `STATUS=...`, formatted into a stack buffer (truncated past 256 bytes).
     pub fn status(&self, args: std::fmt::Arguments<'_>) {
         self.send(format_args!("STATUS={args}"));
@@ -83,5 +98,30 @@ mod tests {
         let k = server.recv(&mut buf).unwrap();
         assert_eq!(&buf[..k], b"WATCHDOG=1");
         assert_eq!(n.watchdog_period(), Some(Duration::from_secs(15)));
+    }
+
+    #[test]
+    fn a_long_call_is_pinged_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let server = UnixDatagram::bind(&path).unwrap();
+        server.set_nonblocking(true).unwrap();
+        let n = Notifier {
+            socket: Some((UnixDatagram::unbound().unwrap(), SocketAddr::from_pathname(&path).unwrap())),
+            watchdog: Some(Duration::from_secs(30)),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let out = rt.block_on(n.pinging(async {
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            7
+        }));
+        assert_eq!(out, 7);
+        let mut buf = [0u8; 64];
+        let mut pings = 0;
+        while let Ok(k) = server.recv(&mut buf) {
+            assert_eq!(&buf[..k], b"WATCHDOG=1");
+            pings += 1;
+        }
+        assert_eq!(pings, 3, "at 0, 15 and 30 s of a 40 s call");
     }
 }

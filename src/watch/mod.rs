@@ -217,7 +217,7 @@ impl<'a> Watcher<'a> {
         self.ticker.set_stepping(None);
         self.after_step(&outcome);
         if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, step, &outcome), &outcome) {
-            self.backend.cluster.record(StepEvent::Refused(step, r)).await;
+            self.ticker.notifier.pinging(self.backend.cluster.record(StepEvent::Refused(step, r))).await;
         }
         if self.pending == Pending::Nothing {
             self.backend.cluster.disconnect();
@@ -271,15 +271,18 @@ impl<'a> Watcher<'a> {
         }
     }
 
-    /// One try at what is pending; on failure the next try waits (backoff).
+    /// One try at what is pending; on failure the next try waits (backoff). The API
+    /// calls ping the watchdog while they run (each tries every endpoint in turn).
     async fn converge(&mut self, t: Duration) {
+        let notifier = &self.ticker.notifier;
         match self.pending.clone() {
             Pending::Nothing => {}
-            Pending::Adopt => match self.backend.cluster.node_level().await {
+            Pending::Adopt => match notifier.pinging(self.backend.cluster.node_level()).await {
                 Ok(label) => {
                     // Decide again, now that the Node has been read.
                     let marks = crate::level_record::Marks::Level(label.unwrap_or(Level::Full));
-                    match level_keeper::start(self.cfg, self.backend.actuator.as_mut(), marks).await {
+                    let start = level_keeper::start(self.cfg, self.backend.actuator.as_mut(), marks);
+                    match notifier.pinging(start).await {
                         Ok(st) => {
                             if st.level() != self.ticker.state.level {
                                 tracing::info!(level = %st.level(), "carrying on from the level the Node says");
@@ -297,7 +300,7 @@ impl<'a> Watcher<'a> {
             },
             Pending::Marks => {
                 let level = self.keeper.level();
-                match self.backend.cluster.mark_node(level, &self.cfg.levels).await {
+                match notifier.pinging(self.backend.cluster.mark_node(level, &self.cfg.levels)).await {
                     Ok(()) => {
                         tracing::info!(level = %level, "the Node's marks match the level");
                         self.pending = Pending::Nothing;
@@ -343,15 +346,7 @@ impl<'a> Watcher<'a> {
                 step::run(step, a, c, e, l, k).await
             }
         };
-        tokio::pin!(fut);
-        let notifier = &self.ticker.notifier;
-        let mut wd = tokio::time::interval(notifier.watchdog_period().unwrap_or(Duration::from_secs(3600)));
-        loop {
-            tokio::select! {
-                out = &mut fut => return out,
-                _ = wd.tick() => notifier.watchdog(),
-            }
-        }
+        self.ticker.notifier.pinging(fut).await
     }
 }
 
