@@ -201,8 +201,8 @@ impl Cluster for AlwaysFree {
 }
 
 /// The cluster client for `[cluster]`: the Kubernetes API through the configured
-/// endpoints. Reads nothing and connects nowhere until first used.
-/// The cluster edge; a drain's progress is published at `drain_progress` for `status`.
+/// endpoints. Reads nothing and connects nowhere until first used. A drain's progress
+/// is published at `drain_progress`, for `status`.
 pub async fn connect(
     cfg: &ClusterConfig,
     levels: &LevelsConfig,
