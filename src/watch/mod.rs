@@ -378,29 +378,10 @@ fn say_what_is_read(cfg: &Config, mode: Mode) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actuator::NodeReadiness;
     use crate::level_record::{Phase, StepInProgress};
     use crate::runtime::runtime;
     use crate::testing::{FakeActuator, FakeCluster};
-    use async_trait::async_trait;
     use std::rc::Rc;
-
-    /// An actuator whose level (what k3s was started at) the test sets.
-    struct Shared(Rc<std::cell::Cell<Level>>);
-
-    #[async_trait(?Send)]
-    impl crate::actuator::Actuator for Shared {
-        fn levels(&self) -> &[Level] {
-            &Level::ALL
-        }
-        async fn current_level(&self) -> anyhow::Result<Level> {
-            Ok(self.0.get())
-        }
-        async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
-            self.0.set(level);
-            Ok(())
-        }
-    }
 
     fn fixture(dir: &std::path::Path) -> (Config, Sampler) {
         let (psi, mem) = (dir.join("psi"), dir.join("meminfo"));
@@ -435,14 +416,9 @@ mod tests {
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::ControlPlane, None);
         // k3s started from an absent drop-in after the reboot: full's flags.
-        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
         let node = FakeCluster::labelled(Err("every endpoint timed out"));
         let label = node.label.clone();
-        let backend = Backend {
-            actuator: Box::new(Shared(k3s)),
-            cluster: Box::new(node),
-            etcd: Box::new(crate::etcd::NoRestartGate),
-        };
+        let (backend, _) = backend_with(Level::Full, node);
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record's level, not the actuator's full");
@@ -468,15 +444,10 @@ mod tests {
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::EtcdOnly, Some((Level::EtcdOnly, Level::ControlPlane, Phase::Restarting)));
         // k3s restarted from the removed drop-in: the hook recorded full.
-        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
         let log = crate::testing::Log::default();
         let node = FakeCluster { log: log.clone(), ..FakeCluster::labelled(Ok(Some(Level::EtcdOnly))) };
         let label = node.label.clone();
-        let backend = Backend {
-            actuator: Box::new(Shared(k3s.clone())),
-            cluster: Box::new(node),
-            etcd: Box::new(crate::etcd::NoRestartGate),
-        };
+        let (backend, _) = backend_with(Level::Full, node);
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!(w.ticker.state.level, Level::EtcdOnly, "starts from the step's from, never full");
@@ -496,18 +467,21 @@ mod tests {
 
     /// An actuator whose level the test changes behind the watcher's back, and a Node
     /// labelled `control-plane`.
-    fn backend(level: Level) -> (Backend, std::rc::Rc<std::cell::Cell<Level>>) {
+    fn backend(level: Level) -> (Backend, Rc<std::cell::Cell<Level>>) {
+        backend_with(level, FakeCluster::labelled(Ok(Some(Level::ControlPlane))))
+    }
+
+    /// k3s at `level` (what it was started at; shared, so the test can change it) and
+    /// `cluster`.
+    fn backend_with(level: Level, cluster: FakeCluster) -> (Backend, Rc<std::cell::Cell<Level>>) {
         let actuator = FakeActuator::at(level);
         let shared = actuator.level.clone();
-        let cluster = FakeCluster::labelled(Ok(Some(Level::ControlPlane)));
-        (
-            Backend {
-                actuator: Box::new(actuator),
-                cluster: Box::new(cluster),
-                etcd: Box::new(crate::etcd::NoRestartGate),
-            },
-            shared,
-        )
+        let backend = Backend {
+            actuator: Box::new(actuator),
+            cluster: Box::new(cluster),
+            etcd: Box::new(crate::etcd::NoRestartGate),
+        };
+        (backend, shared)
     }
 
     /// The NixOS switch-time check's hold: while it is active a proposed step is refused
@@ -547,13 +521,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::ControlPlane, None);
-        let k3s = Rc::new(std::cell::Cell::new(Level::Full));
-        let node = FakeCluster::labelled(Ok(Some(Level::ControlPlane)));
-        let backend = Backend {
-            actuator: Box::new(Shared(k3s)),
-            cluster: Box::new(node),
-            etcd: Box::new(crate::etcd::NoRestartGate),
-        };
+        let (backend, _) = backend_with(Level::Full, FakeCluster::labelled(Ok(Some(Level::ControlPlane))));
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!((w.ticker.state.level, &w.pending), (Level::ControlPlane, &Pending::Nothing));
