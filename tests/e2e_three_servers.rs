@@ -125,14 +125,7 @@ impl Server {
 
     /// Writes both fixture files in place (same inode): regrade keeps them open.
     fn pressure(&self, psi: f64, available_kb: u64) {
-        std::fs::write(
-            self.fixture("pressure"),
-            format!(
-                "some avg10={psi:.2} avg60={psi:.2} avg300={psi:.2} total=0\n\
-                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-            ),
-        )
-        .unwrap();
+        std::fs::write(self.fixture("pressure"), common::psi_text(psi)).unwrap();
         std::fs::write(self.fixture("meminfo"), format!("MemTotal: 1572864 kB\nMemAvailable: {available_kb} kB\n"))
             .unwrap();
     }

@@ -31,11 +31,7 @@ fn marks(n: &Node) -> (Option<String>, bool, bool) {
 }
 
 fn psi(path: &std::path::Path, v: f64) {
-    std::fs::write(
-        path,
-        format!("some avg10={v:.2} avg60={v:.2} avg300={v:.2} total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n"),
-    )
-    .unwrap();
+    std::fs::write(path, common::psi_text(v)).unwrap();
 }
 
 #[test]

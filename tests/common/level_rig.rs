@@ -145,14 +145,7 @@ impl LevelRig {
     /// The pressure the fixture files show (MemAvailable plenty: PSI alone decides).
     pub fn pressure(&self, psi: f64) {
         let d = self.dir.path();
-        std::fs::write(
-            d.join("psi"),
-            format!(
-                "some avg10={psi:.2} avg60={psi:.2} avg300={psi:.2} total=0\n\
-                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
-            ),
-        )
-        .unwrap();
+        std::fs::write(d.join("psi"), super::psi_text(psi)).unwrap();
         std::fs::write(d.join("meminfo"), "MemTotal: 4000000 kB\nMemAvailable: 2000000 kB\n").unwrap();
     }
 

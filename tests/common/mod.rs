@@ -51,6 +51,14 @@ pub fn docker_actuator(cfg: &regrade::config::Config) -> anyhow::Result<regrade:
 
 pub const GATE: &str = "REGRADE_TEST_KUBE";
 
+/// A memory PSI fixture: every `some` average at `psi` percent, `full` at 0.
+pub fn psi_text(psi: f64) -> String {
+    format!(
+        "some avg10={psi:.2} avg60={psi:.2} avg300={psi:.2} total=0\n\
+         full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+}
+
 /// A running etcd + kube-apiserver. Dropping it stops them.
 pub struct Harness {
     child: Child,
