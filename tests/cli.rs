@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const CALM_PSI: &str =
-    "some avg10=0.50 avg60=0.40 avg300=0.30 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
-const OVER_PSI: &str =
-    "some avg10=80.00 avg60=60.00 avg300=20.00 total=10\nfull avg10=30.00 avg60=10.00 avg300=1.00 total=0\n";
+mod fixture;
+
+use fixture::{CALM_PSI, OVER_PSI};
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -20,28 +19,12 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let f = Fixture { dir };
         f.write_pressure(psi, mem_kb);
-        let d = f.dir.path();
-        std::fs::write(
-            f.config(),
-            format!(
-                "state_file = {:?}\n{extra}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\nmem_available_floor = \"1GiB\"\n\
-                 sample_period = \"100ms\"\nsustain = \"300ms\"\ncooldown = \"300ms\"\n\
-                 [systemd]\nrecord = {:?}\ndropin = {:?}\n",
-                d.join("state.json"),
-                d.join("psi"),
-                d.join("meminfo"),
-                d.join("started-level"),
-                d.join("config.yaml.d/50-regrade.yaml"),
-            ),
-        )
-        .unwrap();
+        fixture::config(f.dir.path(), extra, "sample_period = \"100ms\"\nsustain = \"300ms\"\ncooldown = \"300ms\"");
         f
     }
 
     fn write_pressure(&self, psi: &str, mem_kb: u64) {
-        std::fs::write(self.dir.path().join("psi"), psi).unwrap();
-        std::fs::write(self.dir.path().join("meminfo"), format!("MemTotal: 4000000 kB\nMemAvailable: {mem_kb} kB\n"))
-            .unwrap();
+        fixture::write_pressure(self.dir.path(), psi, mem_kb);
     }
 
     fn config(&self) -> PathBuf {

@@ -9,14 +9,17 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod fixture;
+
+use fixture::{write_pressure, OVER_PSI};
+
+/// Calm, with averages that are not 0, so that each pressure series shows its own.
 const CALM_PSI: &str =
     "some avg10=12.50 avg60=3.25 avg300=0.75 total=10\nfull avg10=1.00 avg60=0.50 avg300=0.00 total=0\n";
-const OVER_PSI: &str =
-    "some avg10=80.00 avg60=60.00 avg300=20.00 total=10\nfull avg10=30.00 avg60=10.00 avg300=1.00 total=0\n";
 
 fn gated() -> bool {
     if std::env::var_os("REGRADE_TEST_PROMETHEUS").is_none() {
@@ -75,21 +78,11 @@ impl Watch {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let d = dir.path();
         write_pressure(d, CALM_PSI, 4_000_000);
-        let config = d.join("regrade.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "state_file = {:?}\n[metrics]\nlisten = \"{addr}\"\n[pressure]\nsource = {:?}\nmeminfo = {:?}\n\
-                 mem_available_floor = \"1GiB\"\nsample_period = \"200ms\"\nsustain = \"1s\"\ncooldown = \"1s\"\n\
-                 [systemd]\nrecord = {:?}\ndropin = {:?}\n",
-                d.join("state.json"),
-                d.join("psi"),
-                d.join("meminfo"),
-                d.join("started-level"),
-                d.join("config.yaml.d/50-regrade.yaml"),
-            ),
-        )
-        .unwrap();
+        let config = fixture::config(
+            d,
+            &format!("[metrics]\nlisten = \"{addr}\""),
+            "sample_period = \"200ms\"\nsustain = \"1s\"\ncooldown = \"1s\"",
+        );
         let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
             .arg("--config")
             .arg(&config)
@@ -109,11 +102,6 @@ impl Watch {
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("watch.log")).unwrap_or_default()
     }
-}
-
-fn write_pressure(dir: &Path, psi: &str, mem_kb: u64) {
-    std::fs::write(dir.join("psi"), psi).unwrap();
-    std::fs::write(dir.join("meminfo"), format!("MemTotal: 8000000 kB\nMemAvailable: {mem_kb} kB\n")).unwrap();
 }
 
 struct Prometheus {

@@ -6,34 +6,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const CALM_PSI: &str =
-    "some avg10=0.50 avg60=0.40 avg300=0.30 total=10\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
-const HIGH_PSI: &str =
-    "some avg10=80.00 avg60=60.00 avg300=20.00 total=10\nfull avg10=30.00 avg60=10.00 avg300=1.00 total=0\n";
+mod fixture;
 
-fn write_pressure(d: &Path, psi: &str, mem_kb: u64) {
-    std::fs::write(d.join("psi"), psi).unwrap();
-    std::fs::write(d.join("meminfo"), format!("MemTotal: 8000000 kB\nMemAvailable: {mem_kb} kB\n")).unwrap();
-}
+use fixture::{write_pressure, CALM_PSI, OVER_PSI as HIGH_PSI};
 
 /// A config on fixture files; `step_up` and a long `sustain` so nothing steps.
 fn config(d: &Path, step_up: &str) -> std::path::PathBuf {
-    let p = d.join("regrade.toml");
-    std::fs::write(
-        &p,
-        format!(
-            "step_up = \"{step_up}\"\nstate_file = {:?}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\n\
-             mem_available_floor = \"1GiB\"\nsample_period = \"100ms\"\nsustain = \"1h\"\n\
-             [systemd]\nrecord = {:?}\ndropin = {:?}\n",
-            d.join("state.json"),
-            d.join("psi"),
-            d.join("meminfo"),
-            d.join("started-level"),
-            d.join("config.yaml.d/50-regrade.yaml"),
-        ),
-    )
-    .unwrap();
-    p
+    fixture::config(d, &format!("step_up = \"{step_up}\""), "sample_period = \"100ms\"\nsustain = \"1h\"")
 }
 
 fn regrade(cfg: &Path, args: &[&str]) -> String {
