@@ -415,6 +415,12 @@ in {
             type = lib.types.submodule {
               freeformType = toml.type;
               options = {
+                step_timeout = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  example = "20m";
+                  description = "The deadline of one step, from taking the Lease to releasing it; past it the step is rolled back and reported. Must be longer than each level's `drain_timeout`. `null`: regrade's default (15m).";
+                };
                 control-plane = lib.mkOption {
                   default = {};
                   description = "The `control-plane` level: cordoned, tainted, labelled, k3s not restarted.";
@@ -668,9 +674,8 @@ in {
           RestartSec = "5s";
           WatchdogSec = cfg.watchdogSec;
           # regrade finishes a running step before it honours SIGTERM, so k3s is never
-          # left between levels: a step can take systemd.health_timeout +
-          # systemd.ready_timeout (5 + 5 min by default) and, if it fails, as long again
-          # to restore the previous level. Stopping must not kill it midway.
+          # left between levels: a step ends by levels.step_timeout (15 min by default)
+          # plus its rollback's 60 s. Stopping must not kill it midway.
           TimeoutStopSec = "30min";
           # The API servers discovered from default/kubernetes (cluster.endpoints_cache)
           # are cached here; ProtectSystem = "strict" leaves /var read-only otherwise.

@@ -108,9 +108,20 @@ impl Config {
     /// Rejects values no server could run with, naming the key.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.pressure.validate()?;
+        if self.levels.step_timeout.0.is_zero() {
+            bail!("levels.step_timeout must be more than 0");
+        }
         for (name, lc) in [("control-plane", &self.levels.control_plane), ("etcd-only", &self.levels.etcd_only)] {
             if lc.drain && lc.drain_timeout.0.is_zero() {
                 bail!("levels.{name}.drain_timeout must be more than 0 (or set levels.{name}.drain = false)");
+            }
+            if lc.drain && lc.drain_timeout.0 >= self.levels.step_timeout.0 {
+                bail!(
+                    "levels.step_timeout = {} must be longer than levels.{name}.drain_timeout = {}: the drain is part \
+                     of the step",
+                    crate::units::format_duration(self.levels.step_timeout.0),
+                    crate::units::format_duration(lc.drain_timeout.0)
+                );
             }
             for key in lc.k3s.iter().flat_map(|m| m.keys()) {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
@@ -357,6 +368,12 @@ mod tests {
         assert_eq!(c.levels.etcd_only.drain_settings(), None);
         let e = err("[levels.control-plane]\non_drain_timeout = \"force\"\n");
         assert!(e.contains("on_drain_timeout") && e.contains("proceed"), "{e}");
+        let e = err("[levels]\nstep_timeout = \"2m\"\n");
+        assert!(e.contains("levels.step_timeout = 2m") && e.contains("levels.control-plane.drain_timeout = 2m"), "{e}");
+        assert!(err("[levels]\nstep_timeout = \"0s\"\n").contains("levels.step_timeout must be more than 0"));
+        let c = Config::parse("[levels]\nstep_timeout = \"3m\"\n").unwrap();
+        assert_eq!(c.levels.step_timeout.0, Duration::from_secs(180));
+        assert_eq!(Config::default().levels.step_timeout.0, Duration::from_secs(900));
         let e = err("[levels.etcd-only]\ndrain_timeout = \"0s\"\n");
         assert!(e.contains("levels.etcd-only.drain_timeout"), "{e}");
         assert!(Config::parse("[levels.etcd-only]\ndrain = false\ndrain_timeout = 0\n").is_ok());

@@ -107,6 +107,13 @@ impl Step {
         }?;
         Some(Step { direction, from, to })
     }
+
+    /// The step from `from` to `to`: down when `to` is the lower level.
+    pub fn between(from: Level, to: Level) -> Step {
+        let direction =
+            if to.index_in(&Level::ALL) > from.index_in(&Level::ALL) { Direction::Down } else { Direction::Up };
+        Step { direction, from, to }
+    }
 }
 
 /// What the core remembers between samples. Times are offsets from any fixed origin.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::actuator::Actuator;
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::decide::{Direction, Step};
+use crate::decide::Step;
 use crate::level::Level;
 use crate::level_record::{converge, Decision, LevelRecord, Marks, Observed, Phase};
 
@@ -79,6 +79,19 @@ impl Keeper {
             tracing::error!(error = %format!("{e:#}"), phase = %phase, "could not record the step's progress");
             *self.current.borrow_mut() = r;
         }
+    }
+
+    /// A step left at `restoring` (its rollback could not be finished): the undoing,
+    /// to be finished under the Lease as a step from `to` back to `from`, recorded as
+    /// that reversed step at `restarting` — what a start decides from the same record.
+    pub fn unfinished_undoing(&self) -> Option<Step> {
+        let s = self.record().step.filter(|s| s.phase == Phase::Restoring)?;
+        let r = self.record().begin(s.to, s.from).reach(Phase::Restarting);
+        if let Err(e) = self.put(r.clone()) {
+            tracing::error!(error = %format!("{e:#}"), "could not record the undoing of the step");
+            *self.current.borrow_mut() = r;
+        }
+        Some(Step::between(s.to, s.from))
     }
 
     /// Records the server at `level`, no step under way. Writes nothing when the
@@ -214,16 +227,11 @@ pub async fn start(cfg: &Config, actuator: &mut dyn Actuator, marks: Marks) -> a
             }
         }
         Decision::ResumeStep { step } => {
-            let direction = if step.to.index_in(&Level::ALL) > step.from.index_in(&Level::ALL) {
-                Direction::Down
-            } else {
-                Direction::Up
-            };
             // A reversed step (an undoing under way) is recorded as such.
             if record.as_ref().and_then(|r| r.step.as_ref()).is_some_and(|s| s.from != step.from) {
                 keeper.put(keeper.record().begin(step.from, step.to).reach(Phase::Restarting))?;
             }
-            Pending::Resume(Step { direction, from: step.from, to: step.to })
+            Pending::Resume(Step::between(step.from, step.to))
         }
     };
     Ok(Start { keeper, decision, pending })

@@ -110,6 +110,8 @@ pub struct DrainSettings {
     pub on_timeout: OnDrainTimeout,
 }
 
+pub const DEFAULT_STEP_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(15 * 60));
+
 pub const DEFAULT_DRAIN_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(120));
 
 /// The k3s flags k3s documents for an etcd-only server. The agent stays: k3s does not
@@ -140,13 +142,27 @@ pub fn unsafe_level_flag(key: &str) -> Option<&'static str> {
 }
 
 /// `[levels]`: per-level settings. `full` has none: it is k3s as configured.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LevelsConfig {
+    /// The deadline of one step, from taking the Lease to releasing it: past it the
+    /// step is cut short and rolled back (`crate::step`). Longer than the drain and
+    /// the restart's waits, so it catches only a step that stopped making progress.
+    pub step_timeout: HumanDuration,
     #[serde(rename = "control-plane")]
     pub control_plane: LevelConfig,
     #[serde(rename = "etcd-only")]
     pub etcd_only: LevelConfig,
+}
+
+impl Default for LevelsConfig {
+    fn default() -> Self {
+        LevelsConfig {
+            step_timeout: DEFAULT_STEP_TIMEOUT,
+            control_plane: LevelConfig::default(),
+            etcd_only: LevelConfig::default(),
+        }
+    }
 }
 
 impl LevelsConfig {

@@ -47,17 +47,25 @@ impl Notifier {
         self.send(format_args!("WATCHDOG=1"));
     }
 
-    /// Drives `fut` to its end, pinging the watchdog every period meanwhile: a step (a
-    /// restart) or an API call tried at every endpoint can outlast WatchdogSec. Each
-    /// such call is bounded by its own timeout, so this never feeds a hang forever.
-    pub async fn pinging<F: std::future::Future>(&self, fut: F) -> F::Output {
+    /// Drives `fut` to its end, pinging the watchdog every period meanwhile, for at
+    /// most `within`: a step (a restart) or an API call tried at every endpoint can
+    /// outlast WatchdogSec, but each is bounded, and one that runs past its bound
+    /// has stopped making progress. Then the pings stop, so systemd ends a regrade
+    /// stuck for good and the next start finishes from the level record.
+    pub async fn pinging<F: std::future::Future>(&self, within: Duration, fut: F) -> F::Output {
         let Some(period) = self.watchdog_period() else { return fut.await };
         tokio::pin!(fut);
         let mut pings = tokio::time::interval(period);
+        let until = tokio::time::Instant::now() + within;
         loop {
             tokio::select! {
                 out = &mut fut => return out,
-                _ = pings.tick() => self.watchdog(),
+                _ = pings.tick(), if tokio::time::Instant::now() < until => self.watchdog(),
+                _ = tokio::time::sleep_until(until), if tokio::time::Instant::now() < until => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                tracing::error!(within = ?within, "still not done past its bound: no more watchdog pings");
+                return fut.await;
             }
         }
     }
@@ -111,17 +119,23 @@ mod tests {
             watchdog: Some(Duration::from_secs(30)),
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
-        let out = rt.block_on(n.pinging(async {
-            tokio::time::sleep(Duration::from_secs(40)).await;
+        let call = |secs| async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
             7
-        }));
-        assert_eq!(out, 7);
-        let mut buf = [0u8; 64];
-        let mut pings = 0;
-        while let Ok(k) = server.recv(&mut buf) {
-            assert_eq!(&buf[..k], b"WATCHDOG=1");
-            pings += 1;
-        }
-        assert_eq!(pings, 3, "at 0, 15 and 30 s of a 40 s call");
+        };
+        let pings = || {
+            let mut buf = [0u8; 64];
+            let mut pings = 0;
+            while let Ok(k) = server.recv(&mut buf) {
+                assert_eq!(&buf[..k], b"WATCHDOG=1");
+                pings += 1;
+            }
+            pings
+        };
+        assert_eq!(rt.block_on(n.pinging(Duration::from_secs(600), call(40))), 7);
+        assert_eq!(pings(), 3, "at 0, 15 and 30 s of a 40 s call");
+        // Past its bound a call is stuck: no pings after 50 s of a 200 s call.
+        assert_eq!(rt.block_on(n.pinging(Duration::from_secs(50), call(200))), 7);
+        assert_eq!(pings(), 4, "at 0, 15, 30 and 45 s only");
     }
 }

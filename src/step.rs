@@ -15,6 +15,7 @@ use crate::level_keeper::Keeper;
 use crate::level_record::Phase;
 use crate::levels::LevelsConfig;
 use crate::metrics::{StepResult, METRICS};
+use crate::units::format_duration;
 
 #[derive(Debug)]
 pub enum Outcome {
@@ -53,7 +54,7 @@ pub async fn run(
     levels: &LevelsConfig,
     keeper: &Keeper,
 ) -> Outcome {
-    counted(step, go(step, actuator, cluster, etcd, levels, keeper, Mode::Fresh)).await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper }, Mode::Fresh)).await
 }
 
 /// Finishes `step`, which a killed process began and got as far as restarting k3s
@@ -67,7 +68,7 @@ pub async fn resume(
     levels: &LevelsConfig,
     keeper: &Keeper,
 ) -> Outcome {
-    counted(step, go(step, actuator, cluster, etcd, levels, keeper, Mode::Resume)).await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper }, Mode::Resume)).await
 }
 
 async fn counted(step: &Step, running: impl std::future::Future<Output = Outcome>) -> Outcome {
@@ -110,15 +111,29 @@ impl NodeReadiness for Tracked<'_> {
     }
 }
 
-async fn go(
-    step: &Step,
-    actuator: &mut dyn Actuator,
-    cluster: &dyn Cluster,
-    etcd: &dyn RestartGate,
-    levels: &LevelsConfig,
-    keeper: &Keeper,
-    mode: Mode,
-) -> Outcome {
+/// How long the rollback after a missed deadline may take: a file or two, one call
+/// to restart k3s, the Node's marks (whose retries end within 30 s).
+pub const ROLLBACK_BOUND: Duration = Duration::from_secs(60);
+
+/// The longest a step may run: its deadline (`levels.step_timeout`), then its
+/// rollback. `watch` feeds the watchdog no longer than this, so a step stuck past
+/// every bound is ended by systemd and finished from the level record at the next
+/// start.
+pub fn bound(levels: &LevelsConfig) -> Duration {
+    levels.step_timeout.0 + ROLLBACK_BOUND
+}
+
+/// What a step asks of the world besides the actuator.
+#[derive(Clone, Copy)]
+struct Parts<'a> {
+    cluster: &'a dyn Cluster,
+    etcd: &'a dyn RestartGate,
+    levels: &'a LevelsConfig,
+    keeper: &'a Keeper,
+}
+
+async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) -> Outcome {
+    let Parts { cluster, etcd, levels, keeper } = p;
     let restart = levels.needs_restart(step.from, step.to);
     // Read-only first: while a peer is down, a pressured server retries every sample,
     // and must not write the Lease (take and give back) each time.
@@ -134,6 +149,7 @@ async fn go(
         return Outcome::Refused(refusal);
     }
     METRICS.set_lease_held(true);
+    let deadline = tokio::time::Instant::now() + levels.step_timeout.0;
     // Under the Lease, the answer that counts: another server's restart may have ended
     // (and its Lease been released) between the two looks only once its member was back.
     let me = if restart {
@@ -153,6 +169,51 @@ async fn go(
             return Outcome::Failed { level: step.from, error: error.context("nothing was changed") };
         }
     }
+    // The deadline cuts the step short wherever it is; the Lease is renewed only
+    // until then (the renewal runs inside), and the step is rolled back.
+    let outcome = match tokio::time::timeout_at(deadline, under_lease(step, &mut *actuator, p, mode, me)).await {
+        Ok(Err(refusal)) => {
+            cluster.release().await;
+            return Outcome::Refused(refusal);
+        }
+        Ok(Ok(Ok(()))) => {
+            keeper.settle(step.to);
+            Outcome::Done
+        }
+        Ok(Ok(Err(error))) => {
+            // Where k3s is now. A level with `from`'s flags is `from` (after a reboot
+            // the start record may say full where control-plane is held).
+            let level = match actuator.current_level().await {
+                Ok(l) if !levels.needs_restart(l, step.from) => step.from,
+                Ok(l) => l,
+                Err(_) => step.from,
+            };
+            keeper.settle(level);
+            Outcome::Failed { level, error }
+        }
+        Err(_) => past_deadline(step, actuator, p).await,
+    };
+    kill_point::reached("before-release");
+    cluster.release().await;
+    match &outcome {
+        Outcome::Done => cluster.record(StepEvent::Done(step)).await,
+        Outcome::Failed { error, .. } => cluster.record(StepEvent::Failed(step, &format!("{error:#}"))).await,
+        Outcome::Refused(_) => {}
+    }
+    outcome
+}
+
+/// The step under the Lease: the marks (down), the level, and this etcd member's
+/// return after a restart (`me`), while the Lease is renewed. `Err`: the marks could
+/// not be set before anything changed, a refusal.
+async fn under_lease(
+    step: &Step,
+    actuator: &mut dyn Actuator,
+    p: Parts<'_>,
+    mode: Mode,
+    me: Option<u64>,
+) -> Result<anyhow::Result<()>, Refusal> {
+    let Parts { cluster, etcd, levels, keeper } = p;
     // Down: the marks go first (cordon and taint free memory before any restart). If
     // they cannot be set, k3s has not changed: the step is undone and refused. The
     // PATCH may have reached the API server all the same (its reply lost), so the
@@ -165,8 +226,7 @@ async fn go(
             if mode == Mode::Fresh {
                 keeper.settle(step.from);
             }
-            cluster.release().await;
-            return Outcome::Refused(Refusal {
+            return Err(Refusal {
                 kind: RefusalKind::ApiError,
                 subject: "node-marks".into(),
                 message: format!("could not mark the Node: {e:#}"),
@@ -174,54 +234,89 @@ async fn go(
         }
         kill_point::reached("after-marks");
     }
-    let result = {
-        let applying = async {
-            apply(step, &mut *actuator, cluster, levels, keeper, mode).await?;
-            match me {
-                // The Lease is held until this member is back, healthy and caught up:
-                // only then may another server restart its own.
-                Some(me) => etcd.after_restart(me).await.map(|()| {
-                    tracing::info!(level = %step.to, "this etcd member is back and caught up after the restart");
-                }),
-                None => Ok(()),
-            }
-        };
-        tokio::pin!(applying);
-        tokio::select! {
-            r = &mut applying => r,
-            lost = cluster.hold() => {
-                // A restart cannot be taken back half-way: cancelling it would leave k3s
-                // and the Node's marks at no level at all. Finish it, and say so loudly.
-                tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
-                applying.await
-            }
+    let applying = async {
+        apply(step, &mut *actuator, cluster, levels, keeper, mode).await?;
+        match me {
+            // The Lease is held until this member is back, healthy and caught up:
+            // only then may another server restart its own.
+            Some(me) => etcd.after_restart(me).await.map(|()| {
+                tracing::info!(level = %step.to, "this etcd member is back and caught up after the restart");
+            }),
+            None => Ok(()),
         }
     };
-    let outcome = match result {
-        Ok(()) => {
-            keeper.settle(step.to);
-            Outcome::Done
+    tokio::pin!(applying);
+    Ok(tokio::select! {
+        r = &mut applying => r,
+        lost = cluster.hold() => {
+            // A restart cannot be taken back half-way: cancelling it would leave k3s
+            // and the Node's marks at no level at all. Finish it, and say so loudly.
+            tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
+            applying.await
         }
-        Err(error) => {
-            // Where k3s is now. A level with `from`'s flags is `from` (after a reboot
-            // the start record may say full where control-plane is held).
-            let level = match actuator.current_level().await {
-                Ok(l) if !levels.needs_restart(l, step.from) => step.from,
-                Ok(l) => l,
-                Err(_) => step.from,
-            };
-            keeper.settle(level);
-            Outcome::Failed { level, error }
+    })
+}
+
+/// The step's deadline passed and its work was dropped where it stood: undo what
+/// its recorded phase says may have happened, within [`ROLLBACK_BOUND`]. The file of
+/// `from` goes back and, if k3s may have restarted, a restart into `from` is asked for
+/// (not waited on: other servers' etcd gates wait for this member); the marks go
+/// back to `from`. A rollback that cannot restart k3s leaves the record at
+/// `restoring`, so the undoing is finished under the Lease by `watch` (or the next
+/// start), as after a crash.
+async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -> Outcome {
+    let Parts { cluster, levels, keeper, .. } = p;
+    let phase = keeper.record().step.map_or(Phase::Leased, |s| s.phase);
+    let restarted = levels.needs_restart(step.from, step.to) && phase >= Phase::Restarting;
+    let cut = format!(
+        "the step did not end within levels.step_timeout = {} (it was at phase {phase})",
+        format_duration(levels.step_timeout.0)
+    );
+    tracing::error!(from = %step.from, to = %step.to, "{cut}; rolling it back");
+    let undo = async {
+        let mut said = Vec::new();
+        if phase >= Phase::Writing {
+            if restarted {
+                keeper.reach(Phase::Restoring);
+            }
+            said.push(actuator.roll_back(step.from, restarted).await?);
         }
+        // The marks may say `to`: set on the way down first, on the way up last.
+        if step.direction == Direction::Down || phase >= Phase::Applied {
+            match cluster.mark_node(step.from, levels).await {
+                Ok(()) => said.push(format!("put the Node's marks back to {}", step.from)),
+                Err(e) => {
+                    keeper.marks_unsure.set(true);
+                    said.push(format!("could not put the Node's marks back yet ({e:#})"));
+                }
+            }
+        }
+        anyhow::Ok(said.join("; "))
     };
-    kill_point::reached("before-release");
-    cluster.release().await;
-    match &outcome {
-        Outcome::Done => cluster.record(StepEvent::Done(step)).await,
-        Outcome::Failed { error, .. } => cluster.record(StepEvent::Failed(step, &format!("{error:#}"))).await,
-        Outcome::Refused(_) => {}
+    let undone = match tokio::time::timeout(ROLLBACK_BOUND, undo).await {
+        Ok(r) => r,
+        Err(_) => Err(anyhow::anyhow!("the rollback did not end within {}", format_duration(ROLLBACK_BOUND))),
+    };
+    let from = step.from;
+    match undone {
+        Ok(said) => {
+            keeper.settle(from);
+            Outcome::Failed { level: from, error: anyhow::anyhow!("{cut}; rolled back to {from}: {said}") }
+        }
+        Err(e) if restarted => Outcome::Failed {
+            level: step.to,
+            error: anyhow::anyhow!(
+                "{cut}; rolling back to {from} failed: {e:#}; the level record keeps the undoing (phase restoring), \
+                 which is finished under the Lease"
+            ),
+        },
+        Err(e) => {
+            // Nothing was restarted: k3s runs with `from`'s flags.
+            keeper.marks_unsure.set(true);
+            keeper.settle(from);
+            Outcome::Failed { level: from, error: anyhow::anyhow!("{cut}; rolling back to {from}: {e:#}") }
+        }
     }
-    outcome
 }
 
 /// Down (marks already set by [`go`]): apply. Up: apply first, then mark, so the Node
@@ -486,6 +581,109 @@ mod tests {
         let back = calls.iter().position(|c| c == "etcd back 7").unwrap();
         let release = calls.iter().position(|c| c == "release").unwrap();
         assert!(back < release, "{calls:?}");
+    }
+
+    /// Time stands still but for the timers: a deadline passes at once.
+    fn block_on_paused<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap().block_on(f)
+    }
+
+    fn one_minute_steps() -> LevelsConfig {
+        LevelsConfig { step_timeout: crate::units::HumanDuration(Duration::from_secs(60)), ..Default::default() }
+    }
+
+    /// A restart that never ends (the bus stalled after the drop-in was written and
+    /// RestartUnit sent) is cut at the deadline, not after the actuator's own bounds:
+    /// rolled back (file and restart), marks back, Lease renewed only until then,
+    /// released, reported.
+    #[test]
+    fn a_step_past_its_deadline_is_rolled_back_and_renews_no_more() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster { renew_every: Some(Duration::from_secs(7)), ..FakeCluster::logging_to(&log) };
+        let k = keeper();
+        let (out, took) = block_on_paused(async {
+            let t0 = tokio::time::Instant::now();
+            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k).await;
+            (out, t0.elapsed())
+        });
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane);
+        let e = format!("{error:#}");
+        assert!(e.contains("levels.step_timeout = 1m") && e.contains("phase restarting"), "{e}");
+        assert!(e.contains("rolled back to control-plane"), "{e}");
+        assert_eq!(took, Duration::from_secs(60), "ends at the deadline");
+        let mut calls = log.take();
+        let renewals = calls.iter().filter(|c| *c == "renew").count();
+        assert_eq!(renewals, 8, "every 7 s up to the deadline (56 s), then never: {calls:?}");
+        calls.retain(|c| c != "renew");
+        assert_eq!(
+            calls,
+            [
+                "preflight",
+                "etcd check",
+                "acquire",
+                "etcd check",
+                "mark etcd-only",
+                "roll back to control-plane, restarting",
+                "mark control-plane",
+                "release",
+                "event failed"
+            ]
+        );
+        assert_eq!(a.level(), Level::ControlPlane);
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None), "settled at from");
+        assert_eq!(*c.label.borrow(), Ok(Some(Level::ControlPlane)));
+    }
+
+    /// Cut short before the file was written: nothing of the actuator's to undo,
+    /// only the marks. A step without a restart is never asked to restart back.
+    #[test]
+    fn a_step_cut_before_its_file_undoes_only_the_marks() {
+        let log = Log::default();
+        let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600));
+        let c = FakeCluster::logging_to(&log);
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
+        assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
+        let calls = log.take();
+        assert!(!calls.iter().any(|c| c.starts_with("roll back")), "{calls:?}");
+        assert!(calls.ends_with(&["mark control-plane".into(), "release".into(), "event failed".into()]), "{calls:?}");
+
+        let step = Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane };
+        let mut a = FakeActuator { reports: &[Phase::Writing, Phase::Restarting], ..FakeActuator::at(Level::Full) }
+            .logging_to(&log)
+            .taking(Duration::from_secs(3600));
+        let out = block_on_paused(run(&step, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
+        assert!(matches!(&out, Outcome::Failed { level: Level::Full, .. }), "{out:?}");
+        assert!(log.take().contains(&"roll back to full".to_string()));
+    }
+
+    /// The rollback cannot restart k3s (the bus still stalled): the record keeps the
+    /// undoing, which `watch` then finishes as the reversed step under the Lease.
+    #[test]
+    fn a_rollback_that_cannot_restart_leaves_the_undoing_recorded() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            fail_roll_back: true,
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster::logging_to(&log);
+        let k = keeper();
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
+        assert!(format!("{error:#}").contains("the bus did not answer"), "{error:#}");
+        assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring));
+        assert!(log.take().ends_with(&["release".into(), "event failed".into()]));
+        let undo = k.unfinished_undoing().expect("an undoing to finish");
+        assert_eq!(undo, Step { direction: Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane });
+        let rec = k.record().step.unwrap();
+        assert_eq!((rec.from, rec.to, rec.phase), (Level::EtcdOnly, Level::ControlPlane, Phase::Restarting));
+        assert_eq!(k.unfinished_undoing(), None, "recorded once");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::actuator::{Actuator, NodeReadiness};
 use crate::cluster::{Cluster, Refusal, StepEvent};
 use crate::decide::Step;
 use crate::level::Level;
+use crate::level_record::Phase;
 use crate::levels::LevelsConfig;
 
 /// Every call, in order, shared by the fakes that log to it.
@@ -41,12 +42,27 @@ pub struct FakeActuator {
     /// How long `apply_level` takes (a restart); zero: it yields once, so a Lease
     /// renewal can run meanwhile.
     pub apply_takes: Duration,
+    /// The phases `apply_level` reports before it takes `apply_takes`.
+    pub reports: &'static [Phase],
+    /// `roll_back` fails (a bus that does not answer).
+    pub fail_roll_back: bool,
+    /// This many `apply_level` calls from now never return (shared: the test counts
+    /// them down from outside).
+    pub hangs: Rc<Cell<u32>>,
     pub log: Log,
 }
 
 impl FakeActuator {
     pub fn at(level: Level) -> FakeActuator {
-        FakeActuator { level: Rc::new(Cell::new(level)), fail: false, apply_takes: Duration::ZERO, log: Log::default() }
+        FakeActuator {
+            level: Rc::new(Cell::new(level)),
+            fail: false,
+            apply_takes: Duration::ZERO,
+            reports: &[],
+            fail_roll_back: false,
+            hangs: Rc::new(Cell::new(0)),
+            log: Log::default(),
+        }
     }
 
     pub fn logging_to(mut self, log: &Log) -> FakeActuator {
@@ -79,7 +95,14 @@ impl Actuator for FakeActuator {
         Ok(self.level.get())
     }
 
-    async fn apply_level(&mut self, level: Level, _: &dyn NodeReadiness) -> anyhow::Result<()> {
+    async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        for &phase in self.reports {
+            readiness.progress(phase);
+        }
+        if self.hangs.get() > 0 {
+            self.hangs.set(self.hangs.get() - 1);
+            return std::future::pending().await;
+        }
         if self.apply_takes.is_zero() {
             tokio::task::yield_now().await;
         } else {
@@ -91,6 +114,15 @@ impl Actuator for FakeActuator {
         }
         self.level.set(level);
         Ok(())
+    }
+
+    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+        self.log.push(format!("roll back to {from}{}", if restarted { ", restarting" } else { "" }));
+        if self.fail_roll_back {
+            anyhow::bail!("the bus did not answer");
+        }
+        self.level.set(from);
+        Ok(format!("back at {from}"))
     }
 }
 
@@ -106,6 +138,8 @@ pub type Label = Rc<RefCell<Result<Option<Level>, String>>>;
 pub struct FakeCluster {
     pub refuse: Option<Refusal>,
     pub lose_lease: bool,
+    /// While a step runs, the Lease is renewed this often (logged); `None`: silently.
+    pub renew_every: Option<Duration>,
     pub fail_marks: bool,
     pub label: Label,
     pub log: Log,
@@ -116,6 +150,7 @@ impl Default for FakeCluster {
         FakeCluster {
             refuse: None,
             lose_lease: false,
+            renew_every: None,
             fail_marks: false,
             label: Rc::new(RefCell::new(Ok(None))),
             log: Log::default(),
@@ -158,7 +193,11 @@ impl Cluster for FakeCluster {
             self.log.push("lease lost");
             return anyhow::anyhow!("lease taken by server-2");
         }
-        std::future::pending().await
+        let Some(every) = self.renew_every else { return std::future::pending().await };
+        loop {
+            tokio::time::sleep(every).await;
+            self.log.push("renew");
+        }
     }
 
     async fn release(&self) {

@@ -5,9 +5,11 @@
 //! broker). Each step must end by its bounds with nothing changed, not hang.
 //! Gated by REGRADE_TEST_SYSTEMD=1 (needs dbus-daemon; no root).
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::private_bus::{private_bus, silent_systemd};
 
 use regrade::actuator::systemd::SystemdActuator;
 use regrade::actuator::{Actuator, NodeReadiness};
@@ -20,75 +22,6 @@ impl NodeReadiness for NeverReady {
     async fn wait_ready_since(&self, _: std::time::SystemTime, _: Duration) -> anyhow::Result<()> {
         anyhow::bail!("not reached in this test")
     }
-}
-
-struct Bus(Child);
-
-impl Drop for Bus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a private bus listening at `dir/bus`; its address.
-fn private_bus(dir: &Path) -> (Bus, String) {
-    let socket = dir.join("bus");
-    let conf = dir.join("bus.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>custom</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"#,
-            socket.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new("dbus-daemon")
-        .arg(format!("--config-file={}", conf.display()))
-        .args(["--nofork", "--nopidfile"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("dbus-daemon (Debian package dbus) must be installed");
-    let bus = Bus(child);
-    let t0 = Instant::now();
-    while !socket.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "dbus-daemon did not listen at {}", socket.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (bus, format!("unix:path={}", socket.display()))
-}
-
-/// A peer that owns org.freedesktop.systemd1 and then never reads its socket: its
-/// connection's tasks live on a runtime nobody drives any more, so every call to
-/// "systemd" waits for an answer that never comes.
-fn silent_systemd(address: &str) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let address = address.to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let conn = rt.block_on(async {
-            zbus::connection::Builder::address(address.as_str()).name("org.freedesktop.systemd1").build().await.unwrap()
-        });
-        tx.send(()).unwrap();
-        let _keep = (rt, conn);
-        loop {
-            std::thread::park();
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(10)).expect("the silent peer took the name");
 }
 
 #[test]

@@ -255,6 +255,17 @@ impl Actuator for DockerActuator {
         }
     }
 
+    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+        let (path, name) = (self.cfg.level_file.display().to_string(), &self.cfg.container);
+        write_level_file(&self.cfg.level_file, format!("{from}\n").as_bytes())?;
+        if !restarted {
+            return Ok(format!("set the level file {path} back to {from}; container {name} was not restarted"));
+        }
+        let c = self.engine.inspect(name).await?;
+        self.engine.restart(&c.id, self.cfg.stop_timeout.0).await?;
+        Ok(format!("set the level file {path} back to {from} and restarted container {name} into it"))
+    }
+
     async fn disagreement(&self) -> Option<String> {
         let started = self.started_level(&self.running_container().await.ok()?).await.ok()?;
         let file = self.file_level();

@@ -70,6 +70,19 @@ pub trait Actuator {
         Ok(())
     }
 
+    /// The step's deadline passed while it applied a level, and its work was cut
+    /// short part-way: puts `from`'s flags back in the actuator's file and, where k3s
+    /// may have been restarted with the new ones (`restarted`), asks for a restart into
+    /// `from` without waiting for it to serve (the step has waited as long as it may).
+    /// Each call is bounded by its own timeout. Says what it did.
+    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+        self.rewrite(from).await?;
+        Ok(match restarted {
+            false => format!("put the flags of {from} back"),
+            true => format!("put the flags of {from} back (this actuator restarts nothing)"),
+        })
+    }
+
     /// Finishes a step from `from` to `to` that a process killed meanwhile began and
     /// got as far as restarting k3s for: k3s may run at `to` already, or be
     /// restarting into it. Returns once k3s serves at `to`; on failure, as

@@ -358,6 +358,19 @@ impl Actuator for SystemdActuator {
         }
     }
 
+    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+        let (path, unit) = (self.cfg.dropin.display().to_string(), self.cfg.unit.clone());
+        self.rewrite(from).await.with_context(|| format!("putting the drop-in {path} of level {from} back"))?;
+        if !restarted {
+            return Ok(format!("put the drop-in {path} of level {from} back; {unit} was not restarted"));
+        }
+        // Only the restart: the unit's state is not read (a wedged systemd would not
+        // answer), the restart not waited on.
+        let asked = async { dbus::Systemd::connect(&unit, self.cfg.call_timeout.0).await?.restart().await };
+        asked.await.with_context(|| format!("put the drop-in {path} of level {from} back, but restarting {unit}"))?;
+        Ok(format!("put the drop-in {path} of level {from} back and asked systemd to restart {unit} into it"))
+    }
+
     /// k3s already started with `to`'s flags (the restart was asked for before the
     /// kill): wait for it to serve, with a heartbeat newer than now. Otherwise the
     /// drop-in for `to` is written and k3s restarted, as a step does. Either way a

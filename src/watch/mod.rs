@@ -93,6 +93,11 @@ struct Watcher<'a> {
     pacer: Pacer,
 }
 
+/// How long the watchdog is fed through one API call of convergence (or a refusal's
+/// Event): tried at each endpoint with `cluster.request_timeout`, conflicts retried
+/// for 30 s, it ends well within this; past it, it is stuck.
+const API_CALL_BOUND: Duration = Duration::from_secs(180);
+
 /// How often `watch` re-reads the level record, to notice a hand step.
 const LEVEL_CHECK_EVERY: Duration = Duration::from_secs(60);
 
@@ -217,7 +222,10 @@ impl<'a> Watcher<'a> {
         self.ticker.set_stepping(None);
         self.after_step(&outcome);
         if let (true, Outcome::Refused(r)) = (self.ticker.settle(t, step, &outcome), &outcome) {
-            self.ticker.notifier.pinging(self.backend.cluster.record(StepEvent::Refused(step, r))).await;
+            self.ticker
+                .notifier
+                .pinging(API_CALL_BOUND, self.backend.cluster.record(StepEvent::Refused(step, r)))
+                .await;
         }
         if self.pending == Pending::Nothing {
             self.backend.cluster.disconnect();
@@ -227,7 +235,13 @@ impl<'a> Watcher<'a> {
     /// After a step: marks whose outcome at the API is unknown, or that a failed step
     /// may have left wrong, are reconciled from the next sample on.
     fn after_step(&mut self, outcome: &Outcome) {
-        if self.keeper.marks_unsure.replace(false) || matches!(outcome, Outcome::Failed { .. }) {
+        if let Some(undoing) = self.keeper.unfinished_undoing() {
+            // A rollback past the deadline could not restart k3s: finished under the
+            // Lease, as after a crash.
+            tracing::warn!(from = %undoing.from, to = %undoing.to, "the step's undoing is to be finished");
+            self.pending = Pending::Resume(undoing);
+            self.backoff = Backoff::now();
+        } else if self.keeper.marks_unsure.replace(false) || matches!(outcome, Outcome::Failed { .. }) {
             self.pending = Pending::Marks;
             self.backoff = Backoff::now();
         }
@@ -277,12 +291,12 @@ impl<'a> Watcher<'a> {
         let notifier = &self.ticker.notifier;
         match self.pending.clone() {
             Pending::Nothing => {}
-            Pending::Adopt => match notifier.pinging(self.backend.cluster.node_level()).await {
+            Pending::Adopt => match notifier.pinging(API_CALL_BOUND, self.backend.cluster.node_level()).await {
                 Ok(label) => {
                     // Decide again, now that the Node has been read.
                     let marks = crate::level_record::Marks::Level(label.unwrap_or(Level::Full));
                     let start = level_keeper::start(self.cfg, self.backend.actuator.as_mut(), marks);
-                    match notifier.pinging(start).await {
+                    match notifier.pinging(API_CALL_BOUND, start).await {
                         Ok(st) => {
                             if st.level() != self.ticker.state.level {
                                 tracing::info!(level = %st.level(), "carrying on from the level the Node says");
@@ -300,7 +314,7 @@ impl<'a> Watcher<'a> {
             },
             Pending::Marks => {
                 let level = self.keeper.level();
-                match notifier.pinging(self.backend.cluster.mark_node(level, &self.cfg.levels)).await {
+                match notifier.pinging(API_CALL_BOUND, self.backend.cluster.mark_node(level, &self.cfg.levels)).await {
                     Ok(()) => {
                         tracing::info!(level = %level, "the Node's marks match the level");
                         self.pending = Pending::Nothing;
@@ -346,7 +360,7 @@ impl<'a> Watcher<'a> {
                 step::run(step, a, c, e, l, k).await
             }
         };
-        self.ticker.notifier.pinging(fut).await
+        self.ticker.notifier.pinging(step::bound(&self.cfg.levels), fut).await
     }
 }
 
@@ -462,6 +476,49 @@ mod tests {
             let r = on_disk(&cfg);
             assert_eq!((r.level, r.step), (Level::ControlPlane, None));
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(5)), "the finished step starts the cooldown");
+        });
+    }
+
+    /// A step cut at its deadline whose rollback could not restart k3s (systemd did
+    /// not answer): the undoing is pending, and the next convergence finishes it, one
+    /// level back, under the Lease; the record ends settled at the step's `from`.
+    #[test]
+    fn a_rollback_left_unfinished_is_finished_by_convergence() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, sampler) = fixture(dir.path());
+        cfg.levels.step_timeout = crate::units::HumanDuration(Duration::from_secs(60));
+        record(&cfg, Level::ControlPlane, None);
+        let log = crate::testing::Log::default();
+        let actuator = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            fail_roll_back: true,
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log)
+        };
+        actuator.hangs.set(1);
+        let level = actuator.level.clone();
+        let node = FakeCluster { log: log.clone(), ..FakeCluster::labelled(Ok(Some(Level::ControlPlane))) };
+        let backend = Backend {
+            actuator: Box::new(actuator),
+            cluster: Box::new(node),
+            etcd: Box::new(crate::etcd::NoRestartGate),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            let down =
+                Step { direction: crate::decide::Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+            w.step(Duration::from_secs(60), &down).await;
+            let undo = Step { direction: crate::decide::Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
+            assert_eq!(w.pending, Pending::Resume(undo));
+            let s = on_disk(&cfg).step.expect("the undoing is recorded");
+            assert_eq!((s.from, s.to, s.phase), (Level::EtcdOnly, Level::ControlPlane, Phase::Restarting));
+            assert!(log.take().contains(&"roll back to control-plane, restarting".to_string()));
+            w.converge(Duration::from_secs(200)).await;
+            assert_eq!(w.pending, Pending::Nothing);
+            assert_eq!(log.take()[..3], ["preflight", "acquire", "apply control-plane"], "under the Lease");
+            assert_eq!(level.get(), Level::ControlPlane);
+            let r = on_disk(&cfg);
+            assert_eq!((r.level, r.step), (Level::ControlPlane, None));
         });
     }
 

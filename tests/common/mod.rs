@@ -25,6 +25,9 @@ pub mod nspawn;
 /// The level-record tests' rig: API server, nspawn container, `regrade` as a child.
 pub mod level_rig;
 
+/// A private D-Bus with a stalled "systemd" on it.
+pub mod private_bus;
+
 /// A real etcd cluster with TLS and client-certificate auth, as k3s runs it.
 pub mod etcd_cluster;
 
