@@ -249,8 +249,17 @@ impl SystemdActuator {
     /// which for levels with equal flags (`full`, `control-plane`) may be the other
     /// one. k3s runs with `level`'s flags either way; the record says `level`, so
     /// `current_level()` returns where the step went.
+    ///
+    /// k3s serves already, so a record that cannot be read or written is logged, not
+    /// a failure: undoing a restart that went well would cost a second etcd restart,
+    /// and the level record holds the level. Only a k3s started with another level's
+    /// flags fails the step.
     fn settle_record(&self, level: Level) -> anyhow::Result<()> {
-        match record::read(&self.cfg.record)? {
+        let recorded = record::read(&self.cfg.record).unwrap_or_else(|e| {
+            tracing::error!(error = %format!("{e:#}"), "could not read the start record after a healthy restart");
+            Some(level)
+        });
+        match recorded {
             Some(r) if r == level => return Ok(()),
             Some(r) if self.levels.needs_restart(r, level) => bail!(
                 "{} started at level {r} according to {} where {level} was expected: its drop-in {} was changed \
@@ -265,7 +274,10 @@ impl SystemdActuator {
                 "k3s started without recording its level: is the ExecStartPre hook (regrade record-start) installed?"
             ),
         }
-        record::write(&self.cfg.record, level)
+        if let Err(e) = record::write(&self.cfg.record, level) {
+            tracing::error!(error = %format!("{e:#}"), level = %level, "could not write the start record; k3s serves");
+        }
+        Ok(())
     }
 
     /// Writes `level`'s drop-in and restarts k3s into it; on failure puts `previous`
@@ -506,4 +518,37 @@ pub fn record_start(
         Err(e) => tracing::error!(error = %format!("{e:#}"), "could not record the level k3s starts at"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actuator(record: &std::path::Path) -> SystemdActuator {
+        let cfg = SystemdConfig { record: record.to_path_buf(), ..SystemdConfig::default() };
+        SystemdActuator::new(&cfg, &LevelsConfig::default()).unwrap()
+    }
+
+    /// Was: a start record that could not be written after k3s came up healthy failed
+    /// the step, which then restored (a needless second etcd restart).
+    #[test]
+    fn a_start_record_that_cannot_be_kept_does_not_fail_a_healthy_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the record should be: it can be neither read nor written.
+        let record = dir.path().join("started-level");
+        std::fs::create_dir(&record).unwrap();
+        assert!(actuator(&record).settle_record(Level::ControlPlane).is_ok());
+    }
+
+    #[test]
+    fn a_k3s_started_with_other_flags_fails_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("started-level");
+        std::fs::write(&record, "etcd-only\n").unwrap();
+        let e = actuator(&record).settle_record(Level::ControlPlane).unwrap_err();
+        assert!(format!("{e:#}").contains("started at level etcd-only"), "{e:#}");
+        std::fs::write(&record, "full\n").unwrap();
+        actuator(&record).settle_record(Level::ControlPlane).unwrap();
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "control-plane\n", "same flags: the record says where");
+    }
 }
