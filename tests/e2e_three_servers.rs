@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::nspawn::Container;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
 use kube::api::{ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
@@ -81,6 +81,71 @@ impl Drop for Network {
     fn drop(&mut self) {
         let _ = Command::new(repo("tests/e2e/netns.sh")).arg("down").status();
     }
+}
+
+/// A workload on the cluster: the real kube-controller-manager (deployment,
+/// replicaset and serviceaccount controllers) and the kubelet stand-in with
+/// `--schedule` (tests/rig/go/cmd/kubelet-standin: pods "run" on the Node they are
+/// bound to, graceful deletions finish, an unbound pod goes to the first fitting
+/// Node by name), both run by this test in the hub namespace with the admin
+/// kubeconfig. The k3s stand-in runs no pods; these do what k3s's controllers and
+/// kubelets would for a Deployment. Dropping it stops both.
+struct Workload(Vec<std::process::Child>);
+
+impl Workload {
+    fn start(bin: &Path, admin_kc: &Path, log_dir: &Path) -> Workload {
+        let kc = format!("--kubeconfig={}", admin_kc.display());
+        let spawn = |name: &str, args: &[&str]| {
+            let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
+            Command::new(bin.join(name))
+                .arg(&kc)
+                .args(args)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {name}: {e}"))
+        };
+        Workload(vec![
+            spawn(
+                "kube-controller-manager",
+                &[
+                    "--leader-elect=false",
+                    "--controllers=deployment,replicaset,serviceaccount",
+                    "--bind-address=127.0.0.1",
+                    "--secure-port=0",
+                    "-v=1",
+                ],
+            ),
+            spawn("kubelet-standin", &["--nodes=server1,server2,server3", "--schedule"]),
+        ])
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The Nodes the `app=workload` pods are bound to, of those Running and not being
+/// deleted.
+async fn workload_nodes(c: &kube::Client) -> Vec<String> {
+    let pods = Api::<Pod>::namespaced(c.clone(), "default")
+        .list(&ListParams::default().labels("app=workload"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mut nodes: Vec<String> = pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.spec.and_then(|s| s.node_name))
+        .collect();
+    nodes.sort();
+    nodes
 }
 
 /// The etcd member names of this run, k3s-style `server<N>-<8 hex>`.
@@ -667,6 +732,26 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     }
     phase("cluster up: 3 Nodes Ready, 3 etcd members, regrade.service active and at full on each");
 
+    // A workload Deployment, its two pods on server1 (the first Node by name).
+    let workload = Workload::start(bin, &admin_kc, certs);
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "workload", "namespace": "default"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "workload"}},
+                 "template": {"metadata": {"labels": {"app": "workload"}},
+                              "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+                                       "containers": [{"name": "w", "image": "registry.invalid/workload:1"}]}}}
+    });
+    let manifest = certs.join("workload.json");
+    std::fs::write(&manifest, deployment.to_string()).unwrap();
+    run(&bin.join("kubectl"), &["--kubeconfig", admin_kc.to_str().unwrap(), "apply", "-f", manifest.to_str().unwrap()]);
+    let t = Instant::now();
+    while workload_nodes(&a2).await != ["server1", "server1"] {
+        assert!(t.elapsed() < Duration::from_secs(120), "the workload is not running on server1");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    phase("0. a workload Deployment runs its two pods on server1");
+
     // 1. A Lease held by a made-up holder refuses a step; released, the step proceeds.
     let leases: Api<Lease> = Api::namespaced(a2.clone(), "kube-system");
     let stamp = k8s_openapi::jiff::Timestamp::now();
@@ -697,6 +782,20 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     assert!(matches!(label(&n1).as_deref(), Some("control-plane" | "etcd-only")), "{:?}", label(&n1));
     assert!(cordoned(&n1) && tainted(&n1), "server1 at control-plane is cordoned and tainted");
     phase("2a. server1 at control-plane: labelled, cordoned, tainted");
+    // The drain evicted the workload; its ReplicaSet made new pods, bound elsewhere.
+    let t = Instant::now();
+    loop {
+        let nodes = workload_nodes(&a2).await;
+        if nodes.len() == 2 && !nodes.iter().any(|n| n == "server1") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "the workload did not move off server1: {nodes:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let drained = events(&a2, "server1", "RegradeDrained").await;
+    assert!(drained.iter().any(|m| m.contains("2 evicted")), "{drained:?}");
+    drop(workload);
+    phase(&format!("2b'. the drain moved the workload off server1: {:?}; {drained:?}", workload_nodes(&a2).await));
     s1.wait_level("etcd-only", Duration::from_secs(120));
     assert!(s1.c.dropin().exists(), "the drop-in {} is there at etcd-only", s1.c.dropin().display());
     assert_eq!(s1.c.standin_flags()["flags"]["disable-apiserver"], json!(true));
