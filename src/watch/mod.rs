@@ -26,7 +26,7 @@ use crate::level_record::LevelRecord;
 use crate::metrics::{self, METRICS};
 use crate::pressure::Sampler;
 use crate::psi_trigger::{self, Cause, Pacer, Wake};
-use crate::runtime::{lock_memory, runtime};
+use crate::runtime::{runtime, shed_start_up_code};
 use crate::sample::Pacing;
 use crate::step::{self, Outcome};
 pub use ticker::Ticker;
@@ -43,7 +43,7 @@ pub enum Mode {
 pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     // Open the files first: no PSI means stop at once (docs/behaviour.md, "Pressure").
     let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs());
-    lock_memory();
+    shed_start_up_code();
     runtime()?.block_on(async {
         if let Some(addr) = cfg.metrics.listen {
             // Bound before anything else, so a busy address stops watch at once.
