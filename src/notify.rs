@@ -60,8 +60,8 @@ impl Notifier {
         loop {
             tokio::select! {
                 out = &mut fut => return out,
-                _ = pings.tick(), if tokio::time::Instant::now() < until => self.watchdog(),
-                _ = tokio::time::sleep_until(until), if tokio::time::Instant::now() < until => {}
+                _ = pings.tick() => self.watchdog(),
+                _ = tokio::time::sleep_until(until) => {}
             }
             if tokio::time::Instant::now() >= until {
                 tracing::error!(within = ?within, "still not done past its bound: no more watchdog pings");
