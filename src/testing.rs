@@ -96,6 +96,9 @@ impl Actuator for FakeActuator {
     }
 
     async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        if LevelsConfig::default().needs_restart(self.level.get(), level) {
+            readiness.may_restart().await?;
+        }
         for &phase in self.reports {
             readiness.progress(phase);
         }
@@ -231,14 +234,17 @@ impl Cluster for FakeCluster {
 
 /// Stands in for the cluster's readiness wait in the actuator tests (the wait itself is
 /// tested against a real API server in tests/cluster_node.rs, and end to end): records
-/// the restart time each wait was asked for.
+/// the restart time each wait was asked for, and each phase the actuator reported.
 #[derive(Default)]
-pub struct Readiness(pub RefCell<Vec<SystemTime>>);
+pub struct Readiness(pub RefCell<Vec<SystemTime>>, pub RefCell<Vec<Phase>>);
 
 #[async_trait(?Send)]
 impl NodeReadiness for Readiness {
     async fn wait_ready_since(&self, since: SystemTime, _timeout: Duration) -> anyhow::Result<()> {
         self.0.borrow_mut().push(since);
         Ok(())
+    }
+    fn progress(&self, phase: Phase) {
+        self.1.borrow_mut().push(phase);
     }
 }

@@ -27,6 +27,7 @@ use regrade::actuator::docker::DockerActuator;
 use regrade::actuator::Actuator;
 use regrade::config::Config;
 use regrade::level::Level;
+use regrade::level_record::Phase;
 
 const DOCKER: &str = "/usr/bin/docker";
 
@@ -254,6 +255,7 @@ fn steps_down_restarting_only_for_etcd_only_and_back_up() {
         assert_eq!(std::fs::read_to_string(k3s.level_file()).unwrap(), "control-plane\n");
         assert_eq!(act.current_level().await.unwrap(), Level::ControlPlane);
         assert!(ready.0.borrow().is_empty());
+        assert!(ready.1.borrow().is_empty(), "no restart, no phases: {:?}", ready.1.borrow());
 
         // control-plane -> etcd-only: one restart, exactly the level's flags.
         let (t1, since) = (k3s.started_at(), now());
@@ -269,6 +271,17 @@ fn steps_down_restarting_only_for_etcd_only_and_back_up() {
         // etcd-only keeps the agent: the Node's readiness was awaited since the new start.
         assert_eq!(*ready.0.borrow(), [rfc3339(&t2)]);
         assert_eq!(act.disagreement().await, None);
+        // Each phase recorded before its effect, as the level record keeps them.
+        assert_eq!(ready.1.take(), [Phase::Writing, Phase::Restarting]);
+        assert_eq!(act.observe().await.unwrap(), (Some(Level::EtcdOnly), Some(Level::EtcdOnly)));
+
+        // Resuming that step (a regrade killed after asking for the restart): k3s runs
+        // etcd-only's flags already, so it is waited for, not restarted again.
+        let since = now();
+        act.resume(Level::ControlPlane, Level::EtcdOnly, &ready).await.unwrap();
+        assert_eq!(k3s.restarts_since(&since), 0, "the resumed step restarted the container again");
+        assert_eq!(ready.0.borrow().last(), Some(&rfc3339(&t2)), "Ready awaited since the container's start");
+        assert!(ready.1.borrow().is_empty());
 
         // Back to full: one restart, the flags gone.
         let since = now();
@@ -389,6 +402,7 @@ fn health_that_never_comes_puts_the_previous_level_back() {
         // The failed etcd-only start never got as far as waiting for the Node; the restored
         // control-plane did.
         assert_eq!(ready.0.borrow().len(), 1);
+        assert_eq!(*ready.1.borrow(), [Phase::Writing, Phase::Restarting, Phase::Restoring]);
     });
 }
 

@@ -7,7 +7,15 @@
 //! never further (a poller watches the record and the Node's label all along).
 //! Prints the matrix as a table.
 //!
-//! Gated by REGRADE_TEST_KUBE=1 and REGRADE_TEST_SYSTEMD=1 (root).
+//! Built with the `docker` feature, the same matrix runs against the Docker actuator:
+//! k3s is a container on the Docker rig's real dockerd (tests/common/docker_k3s.rs),
+//! regrade a `docker` build on the host. Each point is then met by two faults: the
+//! SIGKILL alone, and the SIGKILL followed by a dockerd restart (which restarts the
+//! k3s container through its restart policy, as it restarts a Compose project's
+//! containers) before regrade starts again.
+//!
+//! Gated by REGRADE_TEST_KUBE=1 and REGRADE_TEST_SYSTEMD=1 (root); in a `docker`
+//! build by REGRADE_TEST_KUBE=1 and REGRADE_TEST_DOCKER=1.
 
 mod common;
 
@@ -23,8 +31,35 @@ use regrade::kill_point::POINTS;
 const CP: &str = "control-plane";
 const EO: &str = "etcd-only";
 
+/// What happens after regrade is killed at the point, before it starts again.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    Kill,
+    /// A `docker` build: dockerd restarted too.
+    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
+    KillAndDockerdRestart,
+}
+
+impl Fault {
+    fn all() -> &'static [Fault] {
+        if cfg!(feature = "docker") {
+            &[Fault::Kill, Fault::KillAndDockerdRestart]
+        } else {
+            &[Fault::Kill]
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "SIGKILL",
+            Fault::KillAndDockerdRestart => "SIGKILL+dockerd",
+        }
+    }
+}
+
 struct Row {
     direction: String,
+    fault: &'static str,
     point: &'static str,
     phase: String,
     decision: String,
@@ -95,7 +130,11 @@ fn decision(log: &str) -> String {
 fn kill_point_matrix() {
     let Some(rig) = LevelRig::up("kill_point_matrix", "regrade-killpoints") else { return };
     // Kept after the test (the temporary directory is not): each cell's two watches.
-    let logs = std::env::temp_dir().join("regrade-kill-points");
+    let logs = std::env::temp_dir().join(if cfg!(feature = "docker") {
+        "regrade-kill-points-docker"
+    } else {
+        "regrade-kill-points"
+    });
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).unwrap();
 
@@ -107,10 +146,10 @@ fn kill_point_matrix() {
     let mut rows = Vec::new();
     let t_all = Instant::now();
     for (from, to, psi) in [(CP, EO, 80.0), (EO, CP, 0.0)] {
-        for point in POINTS {
+        for (point, &fault) in POINTS.iter().flat_map(|p| Fault::all().iter().map(move |f| (*p, f))) {
             // Into position: the cell's `from`, converged.
             let here = rig.converged().unwrap_or_else(|e| panic!("before {from} -> {to} at {point}: {e}"));
-            println!("[cell] {from} -> {to} at {point}: starting from {here}");
+            println!("[cell] {from} -> {to} at {point} ({}): starting from {here}", fault.name());
             if here != from {
                 // The Lease may still name the killed watch: the hand step watches it
                 // and takes it over once it has expired by its own clock.
@@ -120,7 +159,7 @@ fn kill_point_matrix() {
                     (rig.converged().ok()? == from).then_some(())
                 });
             }
-            let cell = format!("{from}->{to}@{point}");
+            let cell = format!("{from}->{to}@{point}{}", if fault == Fault::Kill { "" } else { "+dockerd" });
             let seen = Seen::start(rig.level_record(), rig.h.admin_kubeconfig.clone());
             let t0 = Instant::now();
 
@@ -143,6 +182,10 @@ fn kill_point_matrix() {
                     None => format!("none ({})", r["level"].as_str().unwrap_or("?")),
                 })
                 .unwrap_or_else(|| "no record".into());
+            #[cfg(feature = "docker")]
+            if fault == Fault::KillAndDockerdRestart {
+                rig.c.restart_dockerd();
+            }
 
             // 2. started again: converges.
             let log2 = logs.join(format!("{cell}.restarted.log"));
@@ -166,10 +209,12 @@ fn kill_point_matrix() {
             assert!(levels.is_subset(&allowed), "{cell}: passed through {levels:?}, beyond {from} and {to}");
             assert!(end == from || end == to, "{cell}: ended at {end}");
             println!(
-                "[cell] {from} -> {to} killed at {point}: record's phase {phase}, converged at {end} in {took:.1}s"
+                "[cell] {from} -> {to} killed at {point} ({}): record's phase {phase}, converged at {end} in {took:.1}s",
+                fault.name()
             );
             rows.push(Row {
                 direction: format!("{from} -> {to}"),
+                fault: fault.name(),
                 point,
                 phase,
                 decision: decision(&restarted),
@@ -179,20 +224,24 @@ fn kill_point_matrix() {
         }
     }
 
-    println!("\n== kill-point matrix: regrade watch SIGKILLed at a point of a step, then started again ==");
+    let actuator = if cfg!(feature = "docker") { "docker" } else { "systemd" };
     println!(
-        "{:<28} {:<22} {:<26} {:<34} {:<14} {:>6}",
-        "step", "killed at", "record's phase then", "decision at restart", "converged at", "took"
+        "\n== kill-point matrix ({actuator} actuator): regrade watch SIGKILLed at a point of a step, then started again =="
+    );
+    println!(
+        "{:<28} {:<22} {:<16} {:<26} {:<34} {:<14} {:>6}",
+        "step", "killed at", "fault", "record's phase then", "decision at restart", "converged at", "took"
     );
     for r in &rows {
         println!(
-            "{:<28} {:<22} {:<26} {:<34} {:<14} {:>5.1}s",
-            r.direction, r.point, r.phase, r.decision, r.end, r.took
+            "{:<28} {:<22} {:<16} {:<26} {:<34} {:<14} {:>5.1}s",
+            r.direction, r.point, r.fault, r.phase, r.decision, r.end, r.took
         );
     }
     println!(
-        "every cell: record without a step, Node marks = drop-in = start record = record's level, Lease free, \
+        "every cell: record without a step, Node marks = {} = start record = record's level, Lease free, \
          no level outside the step's two; {} cells in {:.0}s",
+        if cfg!(feature = "docker") { "level file" } else { "drop-in" },
         rows.len(),
         t_all.elapsed().as_secs_f64()
     );

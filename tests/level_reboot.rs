@@ -7,6 +7,8 @@
 //! back, `step to full` takes the server back up and the Node's marks go.
 //!
 //! Gated by REGRADE_TEST_KUBE=1 and REGRADE_TEST_SYSTEMD=1 (root).
+// The systemd actuator's: a `docker` build drives another actuator.
+#![cfg(not(feature = "docker"))]
 
 mod common;
 

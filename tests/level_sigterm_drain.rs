@@ -10,6 +10,8 @@
 //! for a slow pod's grace period on a real server.
 //!
 //! Gated by REGRADE_TEST_KUBE=1 and REGRADE_TEST_SYSTEMD=1 (root).
+// The systemd actuator's: a `docker` build drives another actuator.
+#![cfg(not(feature = "docker"))]
 
 mod common;
 

@@ -29,7 +29,7 @@ mod engine;
 mod http;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use async_trait::async_trait;
@@ -41,7 +41,9 @@ use super::entrypoint::{self, parse_level, read_level_file};
 use super::etcd_health::HealthUrl;
 use super::{Actuator, NodeReadiness};
 use crate::fsutil;
+use crate::kill_point;
 use crate::level::Level;
+use crate::level_record::Phase;
 use crate::levels::LevelsConfig;
 use crate::units::{format_duration, HumanDuration};
 
@@ -106,6 +108,9 @@ impl DockerConfig {
     }
 }
 
+/// How often a waited-for container is looked at again.
+const POLL: Duration = Duration::from_millis(250);
+
 pub struct DockerActuator {
     cfg: DockerConfig,
     levels: LevelsConfig,
@@ -167,18 +172,40 @@ impl DockerActuator {
             .unwrap_or(started)
     }
 
-    /// Restarts the container and waits until its k3s serves at `expected`: etcd
-    /// healthy and, where `expected` runs the agent, the Node Ready on a heartbeat
-    /// newer than the container's new start.
-    async fn restart_into(&self, expected: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+    /// Restarts the container and waits until its k3s serves at `expected` (see
+    /// [`DockerActuator::serving`]). `report`: record the restart in the level record
+    /// first (a step's restart; not the restore after a failed one, recorded already).
+    async fn restart_into(&self, expected: Level, readiness: &dyn NodeReadiness, report: bool) -> anyhow::Result<()> {
         let name = &self.cfg.container;
         let before = self.engine.inspect(name).await?;
-        let timeout = self.cfg.health_timeout.0;
+        let deadline = Instant::now() + self.cfg.health_timeout.0;
         tracing::info!(container = %name, level = %expected, "restarting the k3s container");
+        if report {
+            readiness.progress(Phase::Restarting);
+        }
+        // The engine's restart returns once the container has stopped and started again.
         self.engine.restart(&before.id, self.cfg.stop_timeout.0).await?;
-        let deadline = Instant::now() + timeout;
+        kill_point::reached("after-restart-request");
         let after = self.engine.inspect(name).await?;
-        let budget = format!("docker.health_timeout = {}", format_duration(timeout));
+        if after.started_at <= before.started_at {
+            bail!("container {name} was not restarted: it still runs the start of {:?}", before.started_at);
+        }
+        kill_point::reached("health-wait");
+        self.serving(expected, after.started_at, deadline, readiness).await
+    }
+
+    /// After a start of the container at `since`: etcd healthy, k3s started with
+    /// `expected`'s flags and, where `expected` runs the agent, the Node Ready on a
+    /// heartbeat newer than `since` — all by `deadline`.
+    async fn serving(
+        &self,
+        expected: Level,
+        since: SystemTime,
+        deadline: Instant,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        let name = &self.cfg.container;
+        let budget = format!("docker.health_timeout = {}", format_duration(self.cfg.health_timeout.0));
         self.health.wait(deadline, &budget).await.with_context(|| format!("after restarting container {name}"))?;
         let started = self.started_level(&self.running_container().await?).await?;
         if self.levels.needs_restart(started, expected) {
@@ -188,22 +215,83 @@ impl DockerActuator {
                 self.cfg.level_file.display()
             );
         }
+        tracing::info!(container = %name, level = %expected, url = %self.health, "etcd is healthy after the restart");
         if self.levels.runs_agent(expected) {
             let left = deadline.saturating_duration_since(Instant::now());
             readiness
-                .wait_ready_since(after.started_at, left)
+                .wait_ready_since(since, left)
                 .await
                 .with_context(|| format!("waiting for the Node to be Ready after restarting container {name}"))?;
+            tracing::info!(container = %name, level = %expected, "the Node is Ready on a heartbeat newer than the restart");
         }
         Ok(())
     }
 
-    /// Puts the level file back as it was (`None`: there was none).
-    fn restore_file(&self, previous: &Option<Vec<u8>>) -> anyhow::Result<()> {
-        let path = &self.cfg.level_file;
-        match previous {
-            Some(bytes) => write_level_file(path, bytes),
-            None => fsutil::remove_durable(path).with_context(|| format!("removing level file {}", path.display())),
+    /// Writes `level`'s level file and restarts the container into it, recording each
+    /// phase first; on failure puts `previous` back and restarts into `from`'s flags.
+    async fn write_and_restart(
+        &self,
+        from: Level,
+        level: Level,
+        previous: Option<Vec<u8>>,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        let name = &self.cfg.container;
+        let unchanged = || format!("stepping k3s from {from} to {level}: nothing was changed");
+        readiness.may_restart().await.with_context(unchanged)?;
+        readiness.progress(Phase::Writing);
+        // A failed write leaves the old file whole: nothing to undo.
+        write_level_file(&self.cfg.level_file, format!("{level}\n").as_bytes()).with_context(unchanged)?;
+        kill_point::reached("after-dropin");
+        let failure = match self.restart_into(level, readiness, true).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let failed = format!("restarting container {name} into level {level} failed: {failure:#}");
+        tracing::error!(container = %name, error = %failed, "putting the previous level back");
+        Err(anyhow::anyhow!("{failed}; {}", self.restore(&previous, readiness).await))
+    }
+
+    /// Puts the level file back as it was (`None`: there was none) and restarts the
+    /// container into it; says what it did.
+    async fn restore(&self, previous: &Option<Vec<u8>>, readiness: &dyn NodeReadiness) -> String {
+        let (path, name) = (self.cfg.level_file.display(), &self.cfg.container);
+        readiness.progress(Phase::Restoring);
+        let put_back = match previous {
+            Some(bytes) => write_level_file(&self.cfg.level_file, bytes),
+            None => fsutil::remove_durable(&self.cfg.level_file).with_context(|| format!("removing level file {path}")),
+        };
+        if let Err(e) = put_back {
+            return format!("putting back the previous level file {path} failed too: {e:#}");
+        }
+        // What the entrypoint will start from the restored file.
+        let back = previous.as_deref().and_then(|b| parse_level(b).ok()).unwrap_or(Level::Full);
+        match self.restart_into(back, readiness, false).await {
+            Ok(()) => format!(
+                "restored the previous level {back} (level file {path}) and restarted container {name}: k3s serves \
+                 at {back} again"
+            ),
+            Err(e) => format!(
+                "restored the previous level {back} (level file {path}) and restarted container {name}, but that \
+                 failed too: {e:#}"
+            ),
+        }
+    }
+
+    /// The container, once it runs: after a dockerd restart (or the restart policy's
+    /// back-off) it may be starting still.
+    async fn running_by(&self, deadline: Instant) -> anyhow::Result<Container> {
+        loop {
+            match self.running_container().await {
+                Ok(c) => return Ok(c),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(e.context(format!(
+                        "within docker.health_timeout = {}",
+                        format_duration(self.cfg.health_timeout.0)
+                    )))
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
         }
     }
 }
@@ -220,38 +308,67 @@ impl Actuator for DockerActuator {
     }
 
     async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
-        let name = self.cfg.container.clone();
         let path = self.cfg.level_file.clone();
         let started = self.started_level(&self.running_container().await?).await?;
+        let from = self.level_from(started, self.file_level());
         let previous =
             fsutil::read_if_exists(&path).with_context(|| format!("reading level file {}", path.display()))?;
-        write_level_file(&path, format!("{level}\n").as_bytes())?;
         if !self.levels.needs_restart(started, level) {
-            tracing::info!(container = %name, level = %level, "level file written; k3s's flags are unchanged, no restart");
+            write_level_file(&path, format!("{level}\n").as_bytes())?;
+            tracing::info!(container = %self.cfg.container, level = %level, "level file written; k3s's flags are unchanged, no restart");
             return Ok(());
         }
-        let failure = match self.restart_into(level, readiness).await {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
+        self.write_and_restart(from, level, previous, readiness).await
+    }
+
+    async fn observe(&self) -> anyhow::Result<(Option<Level>, Option<Level>)> {
+        // A level file regrade did not write (unreadable, no level) names no level.
+        let file = match read_level_file(&self.cfg.level_file) {
+            Ok(l) => Some(l.unwrap_or(Level::Full)),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the level file names no level");
+                None
+            }
         };
-        let failed = format!("restarting container {name} into level {level} failed: {failure:#}");
-        tracing::error!(container = %name, error = %failed, "putting the previous level back");
-        if let Err(e) = self.restore_file(&previous) {
-            bail!("{failed}; putting back the previous level file {} failed too: {e:#}", path.display());
+        // A container that is not running (dockerd restarting it) started nothing yet.
+        let c = self.engine.inspect(&self.cfg.container).await?;
+        let started = match c.running {
+            true => Some(self.started_level(&c).await?),
+            false => None,
+        };
+        Ok((file, started))
+    }
+
+    async fn rewrite(&mut self, level: Level) -> anyhow::Result<()> {
+        write_level_file(&self.cfg.level_file, format!("{level}\n").as_bytes())
+    }
+
+    /// The container already started with `to`'s flags (its restart was asked for
+    /// before the kill, or dockerd restarted it since): wait for it to serve, with a
+    /// heartbeat newer than that start. Otherwise the level file for `to` is written
+    /// and the container restarted, as a step does. Either way a failure puts `from`'s
+    /// level file back and restarts into it.
+    async fn resume(&mut self, from: Level, to: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let previous = Some(format!("{from}\n").into_bytes());
+        if !self.levels.needs_restart(from, to) {
+            return self.rewrite(to).await;
         }
-        // What the entrypoint will start from the restored file.
-        let back = previous.as_deref().and_then(|b| parse_level(b).ok()).unwrap_or(Level::Full);
-        match self.restart_into(back, readiness).await {
-            Ok(()) => bail!(
-                "{failed}; restored the previous level {back} (level file {}) and restarted container {name}: \
-                 k3s serves at {back} again",
-                path.display()
-            ),
-            Err(e) => bail!(
-                "{failed}; restored the previous level {back} (level file {}) and restarted container {name}, \
-                 but that failed too: {e:#}",
-                path.display()
-            ),
+        let deadline = Instant::now() + self.cfg.health_timeout.0;
+        let c = self.running_by(deadline).await?;
+        let started = self.started_level(&c).await?;
+        if self.levels.needs_restart(started, to) {
+            tracing::info!(from = %from, to = %to, "k3s was not restarted with the level's flags yet: restarting it");
+            return self.write_and_restart(from, to, previous, readiness).await;
+        }
+        tracing::info!(from = %from, to = %to, "k3s runs with the level's flags: waiting for it to serve");
+        match self.serving(to, c.started_at, deadline, readiness).await {
+            Ok(()) => Ok(()),
+            Err(failure) => {
+                let name = &self.cfg.container;
+                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "resumed step failed; restoring");
+                let restored = self.restore(&previous, readiness).await;
+                bail!("stepping container {name} from {from} to {to} failed: {failure:#}; {restored}")
+            }
         }
     }
 

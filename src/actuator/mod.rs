@@ -23,6 +23,16 @@ pub mod systemd;
 pub trait NodeReadiness {
     async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()>;
 
+    /// Asked by the actuator immediately before it restarts k3s for a step (before
+    /// it writes the file the restart reads): whether the restart may go ahead now.
+    /// The answers a step got before — under the Lease, then a drain of up to
+    /// minutes — may be stale by then: a peer's etcd member that died meanwhile must
+    /// stop the restart. `Err`: do not restart; nothing has been changed. Never asked
+    /// for a restart that undoes a failed one.
+    async fn may_restart(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
+
     /// The actuator is about to have `phase`'s effect (write its file, restart k3s,
     /// restore after a failure): the step runner records it in the level record
     /// first, so a crash right after is judged by it (docs/level-record.md).

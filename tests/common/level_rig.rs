@@ -23,8 +23,21 @@ use kube::Api;
 use serde_json::Value;
 
 use super::etcd_cluster::{self, EtcdCluster};
-use super::nspawn::Container;
 use super::Harness;
+
+/// Where k3s runs: a Debian booted in systemd-nspawn (the systemd actuator), or, in a
+/// `docker` build, a container on the Docker rig's dockerd (the Docker actuator).
+#[cfg(not(feature = "docker"))]
+pub type K3s = super::nspawn::Container;
+#[cfg(feature = "docker")]
+pub type K3s = super::docker_k3s::DockerK3s;
+
+/// The k3s stand-in's loopback address in a `docker` build (host networking), and
+/// the gate's three-member etcd (127.0.0.41–43, or 71–73 in a `docker` build: the
+/// two rigs run at once in tests/run).
+#[cfg(feature = "docker")]
+const DOCKER_K3S_IP: &str = "127.0.0.74";
+const ETCD_PREFIX: &str = if cfg!(feature = "docker") { "127.0.0.7" } else { "127.0.0.4" };
 
 pub const NODE: &str = "regrade-test";
 pub const LABEL: &str = "regrade.dev/level";
@@ -33,7 +46,7 @@ pub const LEASE: &str = "regrade"; // the one name deploy/rbac.yaml allows
 
 pub struct LevelRig {
     pub h: Harness,
-    pub c: Container,
+    pub c: K3s,
     pub dir: tempfile::TempDir,
     pub conf: PathBuf,
     pub admin: kube::Client,
@@ -73,21 +86,34 @@ fn seed_etc(h: &Harness, dir: &Path) -> PathBuf {
 impl LevelRig {
     /// Starts the API server and boots the container; `None` when a gate is unset.
     pub fn up(test: &str, container: &str) -> Option<LevelRig> {
+        #[cfg(not(feature = "docker"))]
         if !super::nspawn::enabled(test) {
+            return None;
+        }
+        #[cfg(feature = "docker")]
+        if std::env::var("REGRADE_TEST_DOCKER").as_deref() != Ok("1") {
+            eprintln!("SKIPPED {test}: set REGRADE_TEST_DOCKER=1 (root; a real dockerd)");
             return None;
         }
         let h = super::start(test)?;
         let dir = tempfile::tempdir().unwrap();
         let sa = h.service_account_kubeconfig();
-        std::env::set_var("REGRADE_NSPAWN_SEED_ETC", seed_etc(&h, dir.path()));
-        let c = Container::up(container);
-        std::env::remove_var("REGRADE_NSPAWN_SEED_ETC");
+        let etc = seed_etc(&h, dir.path());
+        #[cfg(not(feature = "docker"))]
+        let c = {
+            std::env::set_var("REGRADE_NSPAWN_SEED_ETC", &etc);
+            let c = K3s::up(container);
+            std::env::remove_var("REGRADE_NSPAWN_SEED_ETC");
+            c
+        };
+        #[cfg(feature = "docker")]
+        let c = K3s::up(container, NODE, DOCKER_K3S_IP, &etc, dir.path());
         c.wait_healthy(Duration::from_secs(90));
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let admin = rt.block_on(h.admin());
         let etcd_dir = dir.path().join("etcd");
         std::fs::create_dir_all(&etcd_dir).unwrap();
-        let mut etcd = EtcdCluster::new(&h.bin_dir, &etcd_dir, "127.0.0.4", 3);
+        let mut etcd = EtcdCluster::new(&h.bin_dir, &etcd_dir, ETCD_PREFIX, 3);
         etcd.start_new(3);
         let gate = regrade::etcd::gate::EtcdGate::new(&etcd.config(1, "client")).unwrap();
         rt.block_on(etcd_cluster::settled(&gate, 3, Duration::from_secs(30)));
@@ -132,9 +158,14 @@ impl LevelRig {
         self.h.dir.join("regrade-sa.kubeconfig")
     }
 
-    /// The level record, where the container sees it at /var/lib/regrade/level.json.
+    /// The level record: where the nspawn container sees it at
+    /// /var/lib/regrade/level.json (its `record-start` hook reads it); beside the
+    /// Docker rig's container otherwise.
     pub fn level_record(&self) -> PathBuf {
-        PathBuf::from(self.c.var("ROOT")).join("var/lib/regrade/level.json")
+        #[cfg(not(feature = "docker"))]
+        return PathBuf::from(self.c.var("ROOT")).join("var/lib/regrade/level.json");
+        #[cfg(feature = "docker")]
+        return self.c.level_record();
     }
 
     pub fn record(&self) -> Option<Value> {
@@ -151,7 +182,9 @@ impl LevelRig {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_regrade"));
-        c.arg("--config").arg(&self.conf).args(args).env("DBUS_SYSTEM_BUS_ADDRESS", self.c.var("BUS"));
+        c.arg("--config").arg(&self.conf).args(args);
+        #[cfg(not(feature = "docker"))]
+        c.env("DBUS_SYSTEM_BUS_ADDRESS", self.c.var("BUS"));
         c.env_remove(regrade::kill_point::ENV);
         c
     }
@@ -217,8 +250,12 @@ impl LevelRig {
         (renewed + secs * 1000 > now).then_some(holder)
     }
 
-    /// The level the drop-in stands for (absent: full's flags).
+    /// The level the drop-in (the level file, in a `docker` build) stands for
+    /// (absent: full's flags).
     pub fn dropin_level(&self) -> String {
+        #[cfg(feature = "docker")]
+        return self.c.file_level();
+        #[cfg(not(feature = "docker"))]
         match std::fs::read_to_string(self.c.dropin()) {
             Err(_) => "full".into(),
             Ok(t) => t.lines().find_map(|l| l.strip_prefix("# regrade-level: ")).unwrap_or("edited").trim().to_string(),

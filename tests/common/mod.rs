@@ -25,6 +25,10 @@ pub mod nspawn;
 /// The level-record tests' rig: API server, nspawn container, `regrade` as a child.
 pub mod level_rig;
 
+/// A k3s container on the Docker rig, for the level-record tests of a `docker` build.
+#[cfg(feature = "docker")]
+pub mod docker_k3s;
+
 /// A private D-Bus with a stalled "systemd" on it.
 pub mod private_bus;
 

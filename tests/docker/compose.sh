@@ -15,11 +15,15 @@
 #   1. `up -d` without the profile: k3s alone, at full (no level file).
 #   2. `--profile regrade up -d`: regrade runs; k3s untouched.
 #   3. fixture pressure: regrade steps k3s to control-plane, then etcd-only (a
-#      restart: same container ID, same node password, API disabled).
+#      restart: same container ID, same node password, API disabled); dockerd is
+#      restarted on purpose while regrade waits for the Node after that restart, and
+#      the restarted regrade finishes the step at etcd-only.
 #   4. `up -d` again while stepped down: nothing changes.
 #   5. `docker restart k3s`, then a dockerd restart: still etcd-only.
 #   6. calm fixture: back up one level at a time (a restart into control-plane, then
 #      full without one), same container, same node password.
+# Every step is judged done by regrade's level record (no step under way), not by
+# the containers' state.
 #   7. the static build's host names: a name that is not in /etc/hosts is refused
 #      with a message naming it, and nothing changes.
 # Run by tests/docker/run.sh (REGRADE_TEST_DOCKER=1, root; under the rig lock when
@@ -260,6 +264,27 @@ node_ready() {
   kc get node server-1 -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
 }
 healthy() { curl -sf http://127.0.0.61:2381/health >/dev/null; }
+logs_of() { "${docker[@]}" logs "$1" 2>&1; }
+running() { [ "$("${docker[@]}" inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
+both_running() { running k3s && running regrade; }
+# regrade's level record, on its state volume (the image has no shell to read it by).
+record() { cat "$("${docker[@]}" volume inspect -f '{{.Mountpoint}}' k3s_regrade-state)/level.json" 2>/dev/null; }
+record_brief() { record | tr -d ' \n' | grep -oE '"level":"[a-z-]+"|"phase":"[a-z-]+"' | tr '\n' ' '; }
+# Settled: regrade's level record at LEVEL with no step under way.
+settled() {
+  local r
+  r="$(record)" || return 1
+  grep -q "\"level\": \"$1\"" <<<"$r" && ! grep -q '"step"' <<<"$r"
+}
+# Settled at LEVEL, or already in the next step from it.
+at_or_past() { settled "$1" || record | grep -q "\"from\": \"$1\""; }
+# What regrade decided at its last start about its level record and the world.
+last_decision() { logs_of regrade | grep 'the level record and the world' | tail -n 1 | sed 's/.*decision=//'; }
+# In the step to LEVEL, k3s restarted, etcd healthy, the Node awaited.
+waiting_for_node() {
+  record | grep -q '"phase": "restarting"' &&
+    logs_of regrade | grep 'etcd is healthy after the restart' | grep -q "level=$1"
+}
 
 wait_for 30 "the gate's three-member etcd" etcd_ok
 say "the gate's etcd: three members on 127.0.0.51-53"
@@ -286,22 +311,45 @@ sleep 3
 [ "$(started_level)" = full ] || fail "regrade stepped k3s without pressure"
 show "2. --profile regrade up -d"
 
-# 3. Pressure: one level at a time, down to etcd-only.
+# 3. Pressure: one level at a time, down to etcd-only. Each step is judged done by
+# regrade's own level record (no step under way, at the level), never by the
+# container's state: after a restart regrade still waits for etcd and a Ready Node.
+# The step to etcd-only is disrupted on purpose while regrade waits for the Node: the
+# stand-in's agent is held Ready=False (its not-ready knob) until dockerd has been
+# restarted, which restarts both containers; the restarted regrade must finish the
+# step at etcd-only (the record's phase says k3s was restarted for it).
+touch "$work/k3s/standin-not-ready"
 pressure 80.00 200000
-say "fixture pressure: some avg10=80, MemAvailable 195 MiB"
-wait_for 60 "step to control-plane" level_is full control-plane
-show "3a. stepped to control-plane (no restart)"
+say "fixture pressure: some avg10=80, MemAvailable 195 MiB; the Node is held Ready=False"
+wait_for 60 "regrade settled at control-plane" at_or_past control-plane
 [ "$(started_at k3s)" = "$before" ] || fail "the step to control-plane restarted k3s"
-wait_for 120 "step to etcd-only" level_is etcd-only
-wait_for 30 "etcd health after the restart" healthy
-show "3b. stepped to etcd-only (restarted)"
+show "3a. stepped to control-plane (no restart)"
+wait_for 120 "regrade waiting for the Node after restarting k3s into etcd-only" waiting_for_node etcd-only
+say "3b. regrade is in the step to etcd-only, waiting for the Node: $(record_brief); $(logs_of regrade | grep -c 'restarting the k3s container') restart(s) asked"
+restarts_before="$(logs_of regrade | grep -c 'restarting the k3s container')"
+bash "$here/rig.sh" restart-dockerd
+say "3c. dockerd restarted in the middle of the step"
+wait_for 90 "both containers running after the dockerd restart" both_running
+rm -f "$work/k3s/standin-not-ready"
+wait_for 120 "regrade settled at etcd-only after the dockerd restart" settled etcd-only
+level_is etcd-only || fail "the record says etcd-only, but k3s started at $(started_level) with level file $(level_file)"
+decision="$(last_decision)"
+say "3d. the restarted regrade decided: $decision"
+grep -q 'finish the step control-plane -> etcd-only interrupted at restarting' <<<"$decision" ||
+  fail "the restarted regrade did not finish the interrupted step: $decision"
+[ "$(logs_of regrade | grep -c 'restarting the k3s container')" = "$restarts_before" ] ||
+  fail "the resumed step restarted k3s again (the dockerd restart had restarted it with etcd-only's flags)"
+show "3e. the interrupted step finished at etcd-only"
 [ "$(id_of k3s)" = "$k3s_id" ] || fail "k3s was recreated: $(id_of k3s), was $k3s_id"
 [ "$(started_at k3s)" != "$before" ] || fail "k3s was not restarted for etcd-only"
 [ "$(node_password)" = "$password" ] || fail "the node password changed"
 [ "$(api_disabled)" = yes ] || fail "k3s at etcd-only runs its API server"
-say "Node server-1: Ready=$(node_ready && echo True || echo False), regrade.dev/level=$(kc get node server-1 -o 'jsonpath={.metadata.labels.regrade\.dev/level}')"
+node_ready || fail "regrade finished the step without a Ready Node"
+say "Node server-1: Ready=True, regrade.dev/level=$(kc get node server-1 -o 'jsonpath={.metadata.labels.regrade\.dev/level}')"
+regrade_id="$(id_of regrade)"
 
-# 4. Compose again while stepped down: nothing changes.
+# 4. Compose again while stepped down: nothing changes (a window of 2 s in which
+# nothing may happen: there is no event to wait for).
 stepped="$(started_at k3s)"
 compose --profile regrade up -d
 sleep 2
@@ -311,40 +359,48 @@ level_is etcd-only || fail "up -d changed the level"
 [ "$(api_disabled)" = yes ] || fail "after up -d k3s runs its API server"
 show "4. up -d again while at etcd-only"
 
-# 5. docker restart, then a dockerd restart: the level holds.
+# 5. docker restart, then a dockerd restart, with regrade at rest: the level holds.
 "${docker[@]}" restart k3s >/dev/null
 wait_for 60 "etcd health after docker restart" healthy
-level_is etcd-only && [ "$(api_disabled)" = yes ] || fail "docker restart lost the level"
+wait_for 30 "the started-level record after docker restart" level_is etcd-only
+[ "$(api_disabled)" = yes ] || fail "docker restart lost the level"
 [ "$(id_of k3s)" = "$k3s_id" ] || fail "docker restart changed the container"
 show "5a. docker restart k3s"
+starts="$(logs_of regrade | grep -c 'the level record and the world')"
 bash "$here/rig.sh" restart-dockerd
-wait_for 90 "k3s back after the dockerd restart" sh -c "[ \"\$(${docker[*]} inspect -f '{{.State.Running}}' k3s 2>/dev/null)\" = true ]"
+wait_for 90 "both containers running after the dockerd restart" both_running
+wait_for 60 "regrade's start-up decision after the dockerd restart" \
+  sh -c "[ \"\$(${docker[*]} logs regrade 2>&1 | grep -c 'the level record and the world')\" -gt $starts ]"
+wait_for 60 "regrade settled at etcd-only" settled etcd-only
 wait_for 60 "etcd health after the dockerd restart" healthy
-wait_for 30 "the started-level record after the dockerd restart" level_is etcd-only
+level_is etcd-only || fail "the dockerd restart lost the level"
 [ "$(api_disabled)" = yes ] || fail "after the dockerd restart k3s runs its API server"
 [ "$(id_of k3s)" = "$k3s_id" ] && [ "$(id_of regrade)" = "$regrade_id" ] || fail "the dockerd restart changed a container"
-show "5b. dockerd restarted"
+show "5b. dockerd restarted; regrade decided: $(last_decision)"
 
-# 6. Calm: back up, one level at a time.
+# 6. Calm: back up, one level at a time: etcd-only -> control-plane (a restart into
+# full's flags), then control-plane -> full (no restart), in that order.
 pressure 0.00 8000000
 say "fixture pressure: some avg10=0, MemAvailable 7812 MiB"
-# Up from etcd-only restarts k3s at control-plane (full's flags); the step on to full
-# is then a level file and no restart, a few seconds later: the end state is k3s
-# started at control-plane with the level file at full. The one-at-a-time order is
-# read from regrade's log.
-wait_for 180 "steps up to full" level_is control-plane full
-ups="$("${docker[@]}" logs regrade 2>&1 | grep -oE 'stepping level=[a-z-]+ to=[a-z-]+' | tail -n 2 | tr '\n' ';')"
+ups_before="$(logs_of regrade | grep -cE 'stepping level=[a-z-]+ to=[a-z-]+')"
+wait_for 180 "regrade settled at full" settled full
+level_is control-plane full || fail "at full, but k3s started at $(started_level) with level file $(level_file)"
+ups="$(logs_of regrade | grep -oE 'stepping level=[a-z-]+ to=[a-z-]+' | tail -n +"$((ups_before + 1))" | tr '\n' ';')"
 [ "$ups" = "stepping level=etcd-only to=control-plane;stepping level=control-plane to=full;" ] ||
   fail "not one level at a time on the way up: $ups"
 show "6. stepped up to control-plane (restarted), then to full (no restart)"
-wait_for 60 "Ready Node server-1" node_ready
+# The natural wait after a restart, read from regrade's log: the restart asked, etcd
+# healthy, the Node Ready on a fresh heartbeat.
+logs_of regrade | grep -E 'restarting the k3s container|etcd is healthy after the restart|the Node is Ready on a heartbeat' |
+  tail -n 3 | sed 's/^/    regrade: /'
+node_ready || fail "at full without a Ready Node"
 [ "$(id_of k3s)" = "$k3s_id" ] || fail "k3s was recreated on the way up"
 [ "$(node_password)" = "$password" ] || fail "the node password changed on the way up"
 [ "$(api_disabled)" = no ] || fail "k3s at full runs without its API server"
 label="$(kc get node server-1 -o 'jsonpath={.metadata.labels.regrade\.dev/level}')"
 [ -z "$label" ] || fail "the Node still carries regrade.dev/level=$label at full"
 say "6. Node server-1: Ready=True, no regrade.dev/level label"
-"${docker[@]}" logs regrade 2>&1 | grep -E 'step (started|done)|stepped' | tail -n 8 | sed 's/^/    regrade: /' || true
+logs_of regrade | grep -E 'step (started|done)|stepped' | tail -n 8 | sed 's/^/    regrade: /' || true
 
 # 7. A static build looks host names up in /etc/hosts and DNS only: a name it cannot
 # resolve is refused, naming it. No network (nothing leaves), the real Docker socket.

@@ -3,6 +3,8 @@
 #   - the static regrade build, with `file` and `ldd` of it (static.sh);
 #   - the Docker actuator tests (tests/docker_actuator.rs) and the feature check
 #     (tests/docker_build.rs);
+#   (tests/run runs the kill-point matrix against the Docker actuator beforehand:
+#   kill-points.sh here);
 #   - the Compose example brought up end to end with docker-compose (compose.sh).
 #   REGRADE_TEST_DOCKER=1 tests/docker/run.sh    (as root)
 # Extra arguments go to the actuator test binary (e.g. a test name).

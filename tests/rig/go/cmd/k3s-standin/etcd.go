@@ -125,8 +125,8 @@ func reconcileWithTemporaryEtcd(dbDir, name string) {
 	}
 	cfg := embed.NewConfig()
 	cfg.Name, cfg.Dir, cfg.ForceNewCluster = name, tmp, true
-	cu, _ := url.Parse("http://127.0.0.1:2399")
-	pu, _ := url.Parse("http://127.0.0.1:2400")
+	cu, _ := url.Parse("http://" + *tempEtcdAddr + ":2399")
+	pu, _ := url.Parse("http://" + *tempEtcdAddr + ":2400")
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = name + "=" + pu.String()
@@ -143,7 +143,7 @@ func reconcileWithTemporaryEtcd(dbDir, name string) {
 	// k3s reads its bootstrap keys here; the stand-in reads the db's size.
 	size := e.Server.Backend().Size()
 	e.Close()
-	log.Printf("k3s-standin: reconciled with a temporary etcd on 127.0.0.1:2399 (db %d bytes) in %v", size, time.Since(t0).Round(time.Millisecond))
+	log.Printf("k3s-standin: reconciled with a temporary etcd on "+*tempEtcdAddr+":2399 (db %d bytes) in %v", size, time.Since(t0).Round(time.Millisecond))
 }
 
 // defragment runs once the member is ready, as k3s does at every start.

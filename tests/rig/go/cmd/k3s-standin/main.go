@@ -44,6 +44,13 @@
 //     lastHeartbeatTime — first Ready=False (KubeletNotReady, as a restarted
 //     kubelet reports before its runtime check), Ready=True from
 //     kubelet-ready-delay (5 s) on — and the Secret kube-system/<node>.node-password.k3s.
+//     Real k3s after a restart: its embedded kubelet posts Ready=False
+//     (KubeletNotReady, "container runtime network not ready ... cni plugin not
+//     initialized") until containerd's CRI answers and flannel has written its CNI
+//     config, which needs the agent connected to an API server (through the
+//     client-side load balancer; at etcd-only, another server's): typically 10-30 s
+//     on a small host, longer under memory pressure. The delay here is fixed and
+//     short; the not-ready knob below holds it for as long as a test needs.
 //   - EtcdIsVoter: the etcd leader writes it on every etcd Node every 15 s when it
 //     changes (or is 5 min old): True MemberNotLearner, False MemberIsLearner or
 //     NotAMember, as k3s's member controller does.
@@ -72,9 +79,12 @@
 // etcd-health-addr move the client port and /health to the node IP.
 //
 // Test knobs: health-delay (/health answers 503 until that long after start);
+// temp-etcd-addr (the temporary etcd's address, 127.0.0.1 as in k3s by default);
 // kubelet-ready-delay; apiserver-wait-timeout;
 // file CONFIG_DIR/standin-fail-next-start: deleted, then exit 1 at once;
 // file CONFIG_DIR/standin-never-healthy: /health answers 503 while it exists;
+// file CONFIG_DIR/standin-not-ready: the agent posts Ready=False while it exists (a
+// kubelet whose runtime or network is not up), its node Lease still renewed;
 // file CONFIG_DIR/standin-kill-etcd: the etcd member stops (ports closed) while the
 // agent keeps the Node Ready and its Lease fresh, until the next start without it.
 //
@@ -153,9 +163,11 @@ var (
 	etcdCluster   = fs.String("etcd-initial-cluster", "", "etcd initial cluster, name=peerURL,... (default: this member only)")
 	etcdState     = fs.String("etcd-initial-cluster-state", "new", "new or existing")
 	healthAddr    = fs.String("etcd-health-addr", "127.0.0.1:2381", "where /health is served (plain http)")
+	tempEtcdAddr  = fs.String("temp-etcd-addr", "127.0.0.1", "test knob: where the start's temporary etcd listens (k3s: 127.0.0.1), so stand-ins sharing the host's network can start at once")
 	healthDelay   = fs.Duration("health-delay", 0, "test knob: /health answers 503 until this long after start")
 	failFile      = fs.String("fail-next-start-file", "", "test knob file (default CONFIG_DIR/standin-fail-next-start)")
 	neverFile     = fs.String("never-healthy-file", "", "test knob file (default CONFIG_DIR/standin-never-healthy)")
+	notReadyFile  = fs.String("not-ready-file", "", "test knob file (default CONFIG_DIR/standin-not-ready)")
 	killEtcdFile  = fs.String("kill-etcd-file", "", "test knob file (default CONFIG_DIR/standin-kill-etcd)")
 	disableAPI    = fs.Bool("disable-apiserver", false, "do not run kube-apiserver; port answers 503")
 	disableAgent  = fs.Bool("disable-agent", false, "do not keep the Node, its Lease and node-password Secret")
@@ -303,6 +315,7 @@ func main() {
 	}
 	def(failFile, filepath.Join(*configDir, "standin-fail-next-start"))
 	def(neverFile, filepath.Join(*configDir, "standin-never-healthy"))
+	def(notReadyFile, filepath.Join(*configDir, "standin-not-ready"))
 	def(killEtcdFile, filepath.Join(*configDir, "standin-kill-etcd"))
 	listenClient, advertiseClient := defaultClientURLs(*nodeIP)
 	if *etcdClientURL != "" {
@@ -691,7 +704,8 @@ func runAgent(ctx context.Context, controlPlane bool, e *embed.Etcd, member stri
 					lastLease = time.Now()
 				}
 			}
-			readyNow := time.Since(a.started) >= *readyDelay
+			_, notReady := os.Stat(*notReadyFile)
+			readyNow := time.Since(a.started) >= *readyDelay && notReady != nil
 			if lastStatus.IsZero() || (readyNow && !readyPosted) || time.Since(lastStatus) >= *statusEvery {
 				if err := a.do(func(cs *kubernetes.Clientset) error { return a.updateStatus(cs, readyNow) }); err != nil {
 					log.Printf("k3s-standin: agent: node status: %v", err)
