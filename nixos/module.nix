@@ -419,7 +419,7 @@ in {
                   type = nullOr lib.types.str;
                   default = null;
                   example = "20m";
-                  description = "The deadline of one step, from taking the Lease to releasing it; past it the step is rolled back and reported. Must be longer than each level's `drain_timeout`. `null`: regrade's default (15m).";
+                  description = "The deadline of one step, from taking the Lease to releasing it; past it the step is rolled back and reported. Must be longer than a step's waits at their bounds together (the longest `drain_timeout`, the restart's health and ready timeouts, `etcd.catch_up_timeout`). `null`: regrade's default (20m).";
                 };
                 control-plane = lib.mkOption {
                   default = {};
@@ -674,7 +674,7 @@ in {
           RestartSec = "5s";
           WatchdogSec = cfg.watchdogSec;
           # regrade finishes a running step before it honours SIGTERM, so k3s is never
-          # left between levels: a step ends by levels.step_timeout (15 min by default)
+          # left between levels: a step ends by levels.step_timeout (20 min by default)
           # plus its rollback's 60 s. Stopping must not kill it midway.
           TimeoutStopSec = "30min";
           # The API servers discovered from default/kubernetes (cluster.endpoints_cache)

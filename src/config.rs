@@ -105,6 +105,37 @@ impl Config {
         Ok(cfg)
     }
 
+    /// A step's deadline must leave room for all its waits, each at its bound: the
+    /// drain, the restart's waits and this member's catch-up. A shorter one would cut
+    /// a healthy but slow step short and roll it back.
+    fn check_step_timeout(&self) -> anyhow::Result<()> {
+        use crate::units::format_duration as f;
+        let (step_timeout, mut parts) = (self.levels.step_timeout.0, Vec::new());
+        let drains = [("control-plane", &self.levels.control_plane), ("etcd-only", &self.levels.etcd_only)];
+        if let Some((name, lc)) = drains.iter().filter(|(_, lc)| lc.drain).max_by_key(|(_, lc)| lc.drain_timeout.0) {
+            parts.push((format!("levels.{name}.drain_timeout"), lc.drain_timeout.0));
+        }
+        #[cfg(feature = "docker")]
+        parts.push(("docker.health_timeout".to_string(), self.docker.health_timeout.0));
+        #[cfg(not(feature = "docker"))]
+        parts.extend([
+            ("systemd.health_timeout".to_string(), self.systemd.health_timeout.0),
+            ("systemd.ready_timeout".to_string(), self.systemd.ready_timeout.0),
+        ]);
+        parts.push(("etcd.catch_up_timeout".to_string(), self.etcd.catch_up_timeout.0));
+        let needed: std::time::Duration = parts.iter().map(|(_, d)| *d).sum();
+        if step_timeout <= needed {
+            let sum: Vec<String> = parts.iter().map(|(k, d)| format!("{k} = {}", f(*d))).collect();
+            bail!(
+                "levels.step_timeout = {} must be longer than the waits of one step at their bounds: {} = {}",
+                f(step_timeout),
+                sum.join(" + "),
+                f(needed)
+            );
+        }
+        Ok(())
+    }
+
     /// Rejects values no server could run with, naming the key.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.pressure.validate()?;
@@ -115,14 +146,6 @@ impl Config {
             if lc.drain && lc.drain_timeout.0.is_zero() {
                 bail!("levels.{name}.drain_timeout must be more than 0 (or set levels.{name}.drain = false)");
             }
-            if lc.drain && lc.drain_timeout.0 >= self.levels.step_timeout.0 {
-                bail!(
-                    "levels.step_timeout = {} must be longer than levels.{name}.drain_timeout = {}: the drain is part \
-                     of the step",
-                    crate::units::format_duration(self.levels.step_timeout.0),
-                    crate::units::format_duration(lc.drain_timeout.0)
-                );
-            }
             for key in lc.k3s.iter().flat_map(|m| m.keys()) {
                 if key.is_empty() || key.starts_with('-') || key.contains(char::is_whitespace) {
                     bail!("levels.{name}.k3s: {key:?} is not a k3s flag name (write it without leading dashes)");
@@ -132,6 +155,7 @@ impl Config {
                 }
             }
         }
+        self.check_step_timeout()?;
         self.cluster.validate()?;
         self.etcd.validate()?;
         self.systemd.validate()?;
@@ -369,11 +393,24 @@ mod tests {
         let e = err("[levels.control-plane]\non_drain_timeout = \"force\"\n");
         assert!(e.contains("on_drain_timeout") && e.contains("proceed"), "{e}");
         let e = err("[levels]\nstep_timeout = \"2m\"\n");
-        assert!(e.contains("levels.step_timeout = 2m") && e.contains("levels.control-plane.drain_timeout = 2m"), "{e}");
+        assert!(e.contains("levels.step_timeout = 2m") && e.contains("drain_timeout = 2m"), "{e}");
         assert!(err("[levels]\nstep_timeout = \"0s\"\n").contains("levels.step_timeout must be more than 0"));
-        let c = Config::parse("[levels]\nstep_timeout = \"3m\"\n").unwrap();
-        assert_eq!(c.levels.step_timeout.0, Duration::from_secs(180));
-        assert_eq!(Config::default().levels.step_timeout.0, Duration::from_secs(900));
+        let c = Config::parse("[levels]\nstep_timeout = \"18m\"\n").unwrap();
+        assert_eq!(c.levels.step_timeout.0, Duration::from_secs(1080));
+        // The default leaves room for every wait at its default bound (17 min with systemd).
+        assert_eq!(Config::default().levels.step_timeout.0, Duration::from_secs(1200));
+        Config::default().validate().unwrap();
+        let e = err("[levels]\nstep_timeout = \"17m\"\n");
+        assert!(e.contains("levels.step_timeout = 17m") && e.contains("etcd.catch_up_timeout = 5m"), "{e}");
+        let short_waits =
+            "[etcd]\ncatch_up_timeout = \"10s\"\n[systemd]\nhealth_timeout = \"20s\"\nready_timeout = \"20s\"\n\
+                           [docker]\nhealth_timeout = \"40s\"\n";
+        let with_docker = if cfg!(feature = "docker") {
+            short_waits.to_string()
+        } else {
+            short_waits.replace("[docker]\nhealth_timeout = \"40s\"\n", "")
+        };
+        Config::parse(&format!("[levels]\nstep_timeout = \"3m\"\n{with_docker}")).unwrap();
         let e = err("[levels.etcd-only]\ndrain_timeout = \"0s\"\n");
         assert!(e.contains("levels.etcd-only.drain_timeout"), "{e}");
         assert!(Config::parse("[levels.etcd-only]\ndrain = false\ndrain_timeout = 0\n").is_ok());

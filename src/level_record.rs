@@ -190,11 +190,13 @@ impl LevelRecord {
         LevelRecord { step: Some(step), updated: unix_now(), ..self.clone() }
     }
 
-    /// This record with its step moved on to `phase`.
+    /// This record with its step moved on to `phase`. Phases only move forward: a
+    /// step resumed from a later phase (`restarting`, say) that reports an earlier one
+    /// on its way (`marking`) keeps the later one, which is what may have happened.
     pub fn reach(&self, phase: Phase) -> LevelRecord {
         let mut r = self.clone();
         if let Some(s) = &mut r.step {
-            s.phase = phase;
+            s.phase = s.phase.max(phase);
         }
         r.updated = unix_now();
         r
@@ -417,6 +419,28 @@ fn without_record(o: &Observed<'_>, flags: &dyn SameFlags) -> Decision {
 mod tests {
     use super::*;
     use Level::{ControlPlane as CP, EtcdOnly as EO, Full};
+
+    /// A step resumed at `restarting` passes `marking` again on its way: the record
+    /// keeps `restarting` (k3s may have been restarted), so a kill then is judged from
+    /// it, never rolled back as "not restarted".
+    #[test]
+    fn phases_only_move_forward() {
+        let r = LevelRecord::at(CP, BTreeMap::new()).begin(CP, EO).reach(Phase::Restarting);
+        assert_eq!(r.reach(Phase::Marking).step.unwrap().phase, Phase::Restarting);
+        assert_eq!(r.reach(Phase::Applied).step.unwrap().phase, Phase::Applied);
+        assert_eq!(r.reach(Phase::Restoring).step.unwrap().phase, Phase::Restoring);
+        let resumed = r.reach(Phase::Marking);
+        let o = Observed {
+            record: Some(&resumed),
+            file: Some(EO),
+            started: Some(EO),
+            marks: Marks::Level(EO),
+            keys: &BTreeMap::new(),
+        };
+        assert!(matches!(converge(&o, &flags), Decision::ResumeStep { .. }), "{:?}", converge(&o, &flags));
+        // A new step starts from the beginning.
+        assert_eq!(r.begin(EO, CP).step.unwrap().phase, Phase::Leased);
+    }
 
     /// The default levels: full and control-plane run k3s alike; etcd-only differs.
     fn flags(a: Level, b: Level) -> bool {

@@ -98,6 +98,8 @@ enum Mode {
 struct Tracked<'a> {
     cluster: &'a dyn Cluster,
     keeper: &'a Keeper,
+    /// The etcd gate, asked again right before the restart (a step that restarts).
+    gate: Option<&'a dyn RestartGate>,
 }
 
 #[async_trait::async_trait(?Send)]
@@ -105,6 +107,18 @@ impl NodeReadiness for Tracked<'_> {
     async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()> {
         kill_point::reached("readiness-wait");
         self.cluster.wait_ready_since(since, timeout).await
+    }
+    /// The one place the etcd gate's answer is taken at the moment of use: the
+    /// answer under the Lease came before the marks and the drain.
+    async fn may_restart(&self) -> anyhow::Result<()> {
+        let Some(gate) = self.gate else { return Ok(()) };
+        match gate.before_restart().await {
+            Ok(_) => Ok(()),
+            Err(refusal) => {
+                METRICS.refused(refusal.kind);
+                anyhow::bail!("the etcd gate refused the restart at the moment of it: {}", refusal.message)
+            }
+        }
     }
     fn progress(&self, phase: Phase) {
         self.keeper.reach(phase);
@@ -235,7 +249,8 @@ async fn under_lease(
         kill_point::reached("after-marks");
     }
     let applying = async {
-        apply(step, &mut *actuator, cluster, levels, keeper, mode).await?;
+        let gate = me.map(|_| etcd);
+        apply(step, &mut *actuator, Tracked { cluster, keeper, gate }, levels, mode).await?;
         match me {
             // The Lease is held until this member is back, healthy and caught up:
             // only then may another server restart its own.
@@ -272,6 +287,23 @@ async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -
         "the step did not end within levels.step_timeout = {} (it was at phase {phase})",
         format_duration(levels.step_timeout.0)
     );
+    if phase == Phase::Applied {
+        // k3s serves at `to` already (what was left: this member's catch-up, the marks
+        // up): a restart back would be a second restart, ungated. Kept at `to`.
+        tracing::error!(from = %step.from, to = %step.to, "{cut}; k3s serves at {} already: keeping it", step.to);
+        let marked = tokio::time::timeout(ROLLBACK_BOUND, cluster.mark_node(step.to, levels)).await;
+        if !matches!(marked, Ok(Ok(()))) {
+            keeper.marks_unsure.set(true);
+        }
+        keeper.settle(step.to);
+        return Outcome::Failed {
+            level: step.to,
+            error: anyhow::anyhow!(
+                "{cut}; k3s serves at {} already, so it was kept there, not restarted back",
+                step.to
+            ),
+        };
+    }
     tracing::error!(from = %step.from, to = %step.to, "{cut}; rolling it back");
     let undo = async {
         let mut said = Vec::new();
@@ -326,11 +358,11 @@ async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -
 async fn apply(
     step: &Step,
     actuator: &mut dyn Actuator,
-    cluster: &dyn Cluster,
+    tracked: Tracked<'_>,
     levels: &LevelsConfig,
-    keeper: &Keeper,
     mode: Mode,
 ) -> anyhow::Result<()> {
+    let (cluster, keeper) = (tracked.cluster, tracked.keeper);
     if mode == Mode::Fresh && step.direction == Direction::Down {
         // The drain: after the cordon and taint (no pod comes back), before any
         // restart (the local API still answers), while the Lease is held.
@@ -350,7 +382,6 @@ async fn apply(
             }
         }
     }
-    let tracked = Tracked { cluster, keeper };
     let applied = match mode {
         Mode::Fresh => actuator.apply_level(step.to, &tracked).await,
         Mode::Resume => actuator.resume(step.from, step.to, &tracked).await,
@@ -391,12 +422,15 @@ mod tests {
     struct Gate {
         log: Log,
         refuse: Option<Refusal>,
+        /// Refuse from this call on (1: the first), as a peer whose member dies.
+        refuse_from: Option<usize>,
+        calls: std::cell::Cell<usize>,
         not_back: bool,
     }
 
     impl Gate {
         fn logging_to(log: &Log) -> Gate {
-            Gate { log: log.clone(), refuse: None, not_back: false }
+            Gate { log: log.clone(), refuse: None, refuse_from: None, calls: Default::default(), not_back: false }
         }
     }
 
@@ -404,6 +438,10 @@ mod tests {
     impl RestartGate for Gate {
         async fn before_restart(&self) -> Result<u64, Refusal> {
             self.log.push("etcd check");
+            self.calls.set(self.calls.get() + 1);
+            if self.refuse_from.is_some_and(|n| self.calls.get() >= n) {
+                return Err(etcd_refusal());
+            }
             self.refuse.clone().map_or(Ok(7), Err)
         }
         async fn after_restart(&self, me: u64) -> anyhow::Result<()> {
@@ -454,6 +492,7 @@ mod tests {
                 "acquire",
                 "etcd check",
                 "mark etcd-only",
+                "etcd check",
                 "apply etcd-only",
                 "etcd back 7",
                 "release",
@@ -476,6 +515,7 @@ mod tests {
                 "preflight",
                 "etcd check",
                 "acquire",
+                "etcd check",
                 "etcd check",
                 "apply control-plane",
                 "mark control-plane",
@@ -501,6 +541,7 @@ mod tests {
                 "acquire",
                 "etcd check",
                 "mark etcd-only",
+                "etcd check",
                 "apply etcd-only",
                 "mark control-plane",
                 "release",
@@ -628,6 +669,7 @@ mod tests {
                 "acquire",
                 "etcd check",
                 "mark etcd-only",
+                "etcd check",
                 "roll back to control-plane, restarting",
                 "mark control-plane",
                 "release",
@@ -684,6 +726,76 @@ mod tests {
         let rec = k.record().step.unwrap();
         assert_eq!((rec.from, rec.to, rec.phase), (Level::EtcdOnly, Level::ControlPlane, Phase::Restarting));
         assert_eq!(k.unfinished_undoing(), None, "recorded once");
+    }
+
+    /// A peer's etcd member dies during the drain: the gate, asked again at the
+    /// moment of the restart, stops it. k3s is not restarted, the marks go back, the
+    /// record settles at `from`.
+    #[test]
+    fn the_etcd_gate_is_asked_again_at_the_moment_of_the_restart() {
+        let log = Log::default();
+        let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
+        let c = FakeCluster::logging_to(&log);
+        let g = Gate { refuse_from: Some(3), ..Gate::logging_to(&log) };
+        let k = keeper();
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane);
+        assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
+        assert_eq!(
+            log.take(),
+            [
+                "preflight",
+                "etcd check",
+                "acquire",
+                "etcd check",
+                "mark etcd-only",
+                "etcd check",
+                "mark control-plane",
+                "release",
+                "event failed"
+            ],
+            "no apply after the refusal"
+        );
+        assert_eq!(a.level(), Level::ControlPlane, "k3s not restarted");
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));
+    }
+
+    /// Past the deadline while this member catches up after the restart (phase
+    /// `applied`): k3s serves at `to`, so it is kept there; no second restart.
+    #[test]
+    fn a_deadline_after_k3s_serves_keeps_the_level_and_restarts_nothing() {
+        struct SlowCatchUp(Log);
+        #[async_trait(?Send)]
+        impl RestartGate for SlowCatchUp {
+            async fn before_restart(&self) -> Result<u64, Refusal> {
+                Ok(7)
+            }
+            async fn after_restart(&self, _me: u64) -> anyhow::Result<()> {
+                self.0.push("catching up");
+                std::future::pending().await
+            }
+            async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
+                Ok(vec![])
+            }
+        }
+        for step in [DOWN, UP] {
+            let log = Log::default();
+            let mut a = FakeActuator::at(step.from).logging_to(&log);
+            let c = FakeCluster::logging_to(&log);
+            let k = keeper();
+            let out = block_on_paused(run(&step, &mut a, &c, &SlowCatchUp(log.clone()), &one_minute_steps(), &k));
+            let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+            assert_eq!(*level, step.to, "{error:#}");
+            assert!(format!("{error:#}").contains("kept there, not restarted back"), "{error:#}");
+            let calls = log.take();
+            assert!(!calls.iter().any(|c| c.starts_with("roll back")), "{calls:?}");
+            assert_eq!(calls.iter().filter(|c| c.starts_with("apply")).count(), 1, "{calls:?}");
+            assert_eq!(calls.last().map(String::as_str), Some("event failed"), "{calls:?}");
+            assert_eq!(a.level(), step.to);
+            assert_eq!((k.level(), k.record().step), (step.to, None));
+            assert_eq!(*c.label.borrow(), Ok(Some(step.to)), "the marks say {}", step.to);
+        }
     }
 
     #[test]

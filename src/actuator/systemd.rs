@@ -292,6 +292,7 @@ impl SystemdActuator {
         let unchanged = || format!("stepping k3s from {from} to {level}: nothing was changed");
         let (systemd, before) = self.connect().await.with_context(unchanged)?;
         self.check_overrides(&systemd).await.with_context(unchanged)?;
+        readiness.may_restart().await.with_context(unchanged)?;
         readiness.progress(Phase::Writing);
         // A failed write leaves the old file whole (see dropin::put): nothing to undo.
         dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes)).with_context(unchanged)?;
