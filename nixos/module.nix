@@ -29,6 +29,8 @@
   stateFile = cfg.settings.state_file;
   # The level record (src/level_record.rs): on disk, so it survives a reboot below full.
   levelRecordFile = cfg.settings.level_record or "/var/lib/regrade/level.json";
+  # Outside the StateDirectory, the daemon's sandbox must be opened to it.
+  levelRecordElsewhere = dirOf levelRecordFile != "/var/lib/regrade";
   # Left by the switch-time check; `regrade watch` starts no step while it holds (src/hold.rs
   # reads it: `switch-hold` beside the state file).
   holdFile = "${dirOf stateFile}/switch-hold";
@@ -625,7 +627,8 @@ in {
           "d ${dropinDir} 0755 root root -"
           "d ${dirOf recordFile} 0755 root root -"
         ]
-        ++ lib.optional (dirOf stateFile != dirOf recordFile) "d ${dirOf stateFile} 0755 root root -";
+        ++ lib.optional (dirOf stateFile != dirOf recordFile) "d ${dirOf stateFile} 0755 root root -"
+        ++ lib.optional levelRecordElsewhere "d ${dirOf levelRecordFile} 0755 root root -";
 
       services.k3s.manifests = lib.mkIf cfg.rbac.enable {
         regrade-rbac.source = ../deploy/rbac.yaml;
@@ -689,7 +692,7 @@ in {
           CapabilityBoundingSet = ["CAP_IPC_LOCK"];
           NoNewPrivileges = true;
           ProtectSystem = "strict";
-          ReadWritePaths = lib.unique [dropinDir (dirOf recordFile) (dirOf stateFile)];
+          ReadWritePaths = lib.unique ([dropinDir (dirOf recordFile) (dirOf stateFile)] ++ lib.optional levelRecordElsewhere (dirOf levelRecordFile));
           # Of k3s's data directory (its tokens, its CA keys), only the etcd client
           # certificates are visible, read-only: an empty read-only tmpfs over it with the
           # three files bound in (systemd.exec(5) gives this pairing as its example).

@@ -164,10 +164,12 @@ impl Config {
         Ok(())
     }
 
-    /// For the hooks that start k3s (`record-start`, `entrypoint`), which must never
-    /// fail over regrade's own settings: every section that parses and validates is
-    /// taken (`[systemd]`, `[levels]` are what they use), defaults for the rest, and
-    /// each problem is handed to `warn`.
+    /// For the hook that starts k3s (`record-start`), which must never fail over
+    /// regrade's own settings, yet must read and write the files the daemon does: the
+    /// top-level `level_record` and `state_file`, and each key of `[systemd]` (its
+    /// `dropin` and `record`), are taken one by one wherever they parse and pass their
+    /// check, whatever else is wrong in the file or the section; `[levels]` whole if it
+    /// parses; defaults for the rest. Each problem is handed to `warn`.
     pub fn load_for_hook(path: &Path, if_missing: IfMissing, mut warn: impl FnMut(String)) -> Config {
         let mut cfg = Config::default();
         let text = match read_text(path, if_missing) {
@@ -185,20 +187,26 @@ impl Config {
                 return cfg;
             }
         };
-        let section = |name: &str| table.get(name).cloned().map(|v| (name.to_string(), v));
-        if let Some((name, v)) = section("systemd") {
-            match v.try_into::<SystemdConfig>() {
-                Ok(s) if s.validate().is_ok() => cfg.systemd = s,
-                Ok(s) => {
-                    warn(format!("in {}: {:#}; using the built-in [{name}]", path.display(), s.validate().unwrap_err()))
+        let mut warn = |what: String| warn(format!("in {}: {what}", path.display()));
+        for (key, slot) in [("level_record", &mut cfg.level_record), ("state_file", &mut cfg.state_file)] {
+            if let Some(v) = table.get(key) {
+                match v.clone().try_into::<PathBuf>() {
+                    Ok(p) => *slot = p,
+                    Err(e) => warn(format!("{key}: {e}; using the built-in {key}")),
                 }
-                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
             }
         }
-        if let Some((name, v)) = section("levels") {
-            match v.try_into::<LevelsConfig>() {
+        match table.get("systemd") {
+            None => {}
+            Some(toml::Value::Table(t)) => {
+                cfg.systemd = each_key_that_holds(t, "systemd", SystemdConfig::validate, &mut warn)
+            }
+            Some(_) => warn("[systemd] is not a table; using the built-in [systemd]".into()),
+        }
+        if let Some(v) = table.get("levels") {
+            match v.clone().try_into::<LevelsConfig>() {
                 Ok(l) => cfg.levels = l,
-                Err(e) => warn(format!("in {}: [{name}]: {e}; using the built-in [{name}]", path.display())),
+                Err(e) => warn(format!("[levels]: {e}; using the built-in [levels]")),
             }
         }
         cfg
@@ -237,6 +245,31 @@ impl Config {
             step_up: self.step_up,
         }
     }
+}
+
+/// The section `name` with each of its keys that parses and passes `check` (with the
+/// other keys at their defaults) and the built-in value for every other key, each of
+/// which is named to `warn`. The checks are per key, so the keys kept pass together.
+fn each_key_that_holds<T: serde::de::DeserializeOwned + Default>(
+    section: &toml::Table,
+    name: &str,
+    check: impl Fn(&T) -> anyhow::Result<()>,
+    warn: &mut impl FnMut(String),
+) -> T {
+    let mut kept = toml::Table::new();
+    for (key, value) in section {
+        let alone = toml::Table::from_iter([(key.clone(), value.clone())]);
+        match toml::Value::Table(alone).try_into::<T>().map_err(anyhow::Error::from).and_then(|t| check(&t)) {
+            Ok(()) => {
+                kept.insert(key.clone(), value.clone());
+            }
+            Err(e) => warn(format!("[{name}]: {e:#}; using the built-in {name}.{key}")),
+        }
+    }
+    toml::Value::Table(kept).try_into().unwrap_or_else(|e| {
+        warn(format!("[{name}]: {e}; using the built-in [{name}]"));
+        T::default()
+    })
 }
 
 #[cfg(test)]
@@ -421,6 +454,36 @@ mod tests {
         let c = Config::parse("[levels.etcd-only.k3s]\ndisable-agent = true\ndisable-apiserver = true\n").unwrap();
         assert!(!c.levels.runs_agent(Level::EtcdOnly));
         assert!(c.levels.runs_agent(Level::ControlPlane));
+    }
+
+    #[test]
+    fn the_hook_takes_every_path_key_that_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regrade.toml");
+        std::fs::write(
+            &p,
+            "level_record = \"/srv/l.json\"\nstate_file = \"/srv/s.json\"\nstep_up = 3\n\
+             [systemd]\ndropin = \"/srv/k3s/config.yaml.d/50-regrade.yaml\"\nrecord = \"/srv/started\"\n\
+             unit = \"k3s\"\n[pressure]\ntreshold = 1\n",
+        )
+        .unwrap();
+        let mut warnings = Vec::new();
+        let c = Config::load_for_hook(&p, IfMissing::Error, |w| warnings.push(w));
+        assert_eq!(c.level_record, Path::new("/srv/l.json"));
+        assert_eq!(c.state_file, Path::new("/srv/s.json"));
+        assert_eq!(c.systemd.dropin, Path::new("/srv/k3s/config.yaml.d/50-regrade.yaml"));
+        assert_eq!(c.systemd.record, Path::new("/srv/started"));
+        assert_eq!(c.systemd.unit, "k3s.service", "the key that fails its check is left out");
+        assert!(warnings.len() == 1 && warnings[0].contains("systemd.unit"), "{warnings:?}");
+
+        std::fs::write(&p, "level_record = 3\nstate_file = \"/srv/s.json\"\nsystemd = 1\n").unwrap();
+        let mut warnings = Vec::new();
+        let c = Config::load_for_hook(&p, IfMissing::Error, |w| warnings.push(w));
+        assert_eq!(c.level_record, Config::default().level_record);
+        assert_eq!(c.state_file, Path::new("/srv/s.json"));
+        assert_eq!(c.systemd.record, Config::default().systemd.record);
+        assert!(warnings.iter().any(|w| w.contains("level_record")), "{warnings:?}");
+        assert!(warnings.iter().any(|w| w.contains("[systemd] is not a table")), "{warnings:?}");
     }
 
     #[test]

@@ -7,21 +7,30 @@ use std::process::Command;
 use regrade::actuator::systemd::dropin;
 use regrade::config::Config;
 use regrade::level::Level;
+use regrade::level_record::LevelRecord;
 
 struct Host {
     _dir: tempfile::TempDir,
     conf: PathBuf,
     dropin: PathBuf,
     record: PathBuf,
+    level_record: PathBuf,
 }
 
+/// Every path the hook reads or writes is away from its default (which, on a test
+/// machine, is absent or someone else's).
 fn host() -> Host {
     let dir = tempfile::tempdir().unwrap();
     let dropin = dir.path().join("k3s/config.yaml.d/50-regrade.yaml");
     let record = dir.path().join("run/regrade/started-level");
+    let level_record = dir.path().join("srv/regrade/level.json");
     let conf = dir.path().join("regrade.toml");
-    std::fs::write(&conf, format!("[systemd]\ndropin = {dropin:?}\nrecord = {record:?}\n")).unwrap();
-    Host { _dir: dir, conf, dropin, record }
+    std::fs::write(
+        &conf,
+        format!("level_record = {level_record:?}\n[systemd]\ndropin = {dropin:?}\nrecord = {record:?}\n"),
+    )
+    .unwrap();
+    Host { _dir: dir, conf, dropin, record, level_record }
 }
 
 /// Runs the hook; its stderr. Asserts it succeeded.
@@ -110,4 +119,35 @@ fn a_record_that_cannot_be_written_does_not_fail_the_start() {
     std::fs::write(h.record.parent().unwrap(), "").unwrap();
     let stderr = record_start(&h);
     assert!(stderr.contains("could not record"), "{stderr}");
+}
+
+/// After a reboot at control-plane the drop-in is absent (control-plane runs full's
+/// flags) and /run is empty: only the level record, here at a configured path, knows.
+#[test]
+fn a_reboot_at_control_plane_records_control_plane_from_a_level_record_elsewhere() {
+    let h = host();
+    LevelRecord::at(Level::ControlPlane, Default::default()).write(&h.level_record).unwrap();
+    assert!(!h.dropin.exists() && !h.record.exists());
+    let stderr = record_start(&h);
+    assert_eq!(recorded(&h.record), "control-plane", "{stderr}");
+}
+
+/// The daemon that reads these files runs once the file is fixed; until then the hook
+/// still reads and writes where it is told, key by key.
+#[test]
+fn each_path_is_honoured_whatever_else_is_wrong_in_its_section() {
+    for broken in ["unitt = \"k3s.service\"", "health_timeout = \"0s\"", "unit = \"k3s\"", "call_timeout = 3.5"] {
+        let h = host();
+        let good = std::fs::read_to_string(&h.conf).unwrap();
+        std::fs::write(&h.conf, format!("{good}{broken}\nstep_up = \"sometimes\"\n")).unwrap();
+        LevelRecord::at(Level::ControlPlane, Default::default()).write(&h.level_record).unwrap();
+        let stderr = record_start(&h);
+        assert_eq!(recorded(&h.record), "control-plane", "{broken}: {stderr}");
+        let key = broken.split(' ').next().unwrap();
+        assert!(stderr.contains(&format!("systemd.{key}")), "{broken}: the key left out is named: {stderr}");
+        write_level(&h, Level::EtcdOnly);
+        LevelRecord::at(Level::EtcdOnly, Default::default()).write(&h.level_record).unwrap();
+        record_start(&h);
+        assert_eq!(recorded(&h.record), "etcd-only", "{broken}: the configured drop-in is read");
+    }
 }

@@ -87,11 +87,12 @@ in {
     import json, time
 
     # The margin leaves the driver time to stop the VMs and report.
-    budget_end = time.monotonic() + ${toString globalTimeout} - 120
+    global_timeout = ${toString globalTimeout}
+    budget_end = time.monotonic() + global_timeout - 120
 
     def left(cap):
         rest = int(budget_end - time.monotonic())
-        assert rest > 0, f"the test's budget (globalTimeout ${toString globalTimeout}s less 120s) is spent"
+        assert rest > 0, f"the test's budget (globalTimeout {global_timeout}s less 120s) is spent"
         return min(cap, rest)
 
     servers = [server1, server2, server3]

@@ -451,6 +451,17 @@
   enabled = eval {};
   disabled = eval {services.regrade.enable = lib.mkForce false;};
   adminCreds = eval {services.regrade.kubeconfig = "/etc/rancher/k3s/k3s.yaml";};
+  # Every path key away from its default.
+  pathsElsewhere = {
+    level_record = "/srv/regrade/level.json";
+    state_file = lib.mkForce "/srv/regrade-state/state.json";
+    systemd.record = lib.mkForce "/srv/regrade-run/started-level";
+  };
+  elsewhere = eval {services.regrade.settings = pathsElsewhere;};
+  elsewhereOff = eval {
+    services.regrade.enable = lib.mkForce false;
+    services.regrade.settings = pathsElsewhere;
+  };
 
   # Item by item, what users write (issue 15's list).
   twice = evalWith [flake.nixosModules.default flake.nixosModules.default server];
@@ -511,6 +522,14 @@
 in {
   enabled = summary enabled;
   disabled = summary disabled;
+  # The daemon's sandbox, the directories made at boot and the switch-time check follow
+  # the configured paths.
+  pathsElsewhere = {
+    readWritePaths = elsewhere.systemd.services.regrade.serviceConfig.ReadWritePaths;
+    tmpfiles = elsewhere.systemd.tmpfiles.rules;
+    settings = {inherit (elsewhere.services.regrade.settings) level_record state_file;};
+    preSwitchCheck = elsewhereOff.system.preSwitchChecks.regrade-not-below-full;
+  };
   adminKubeconfig = {
     kubeconfig = adminCreds.services.regrade.settings.cluster.kubeconfig;
     credentialsUnit = adminCreds.systemd.services ? regrade-credentials;

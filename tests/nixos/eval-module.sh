@@ -9,7 +9,8 @@
 #   - the README's example cluster (nixos/README-section.md) evaluates, with no warning;
 #   - issue 15's items: the flake's module imported twice, a server without etcd, k3s's
 #     nodeName, a renamed ServiceAccount, disableAgent, the firewall, a .yml drop-in;
-#     the typed etcd, drain and metrics options;
+#     the typed etcd, drain and metrics options; level_record, state_file and
+#     systemd.record away from their defaults (sandbox, tmpfiles, switch-time check);
 #   - each misconfiguration fails exactly its assertion (messages printed);
 #   - with REGRADE_BINARY, the generated settings pass `regrade check-config`.
 # nixpkgs cannot be downloaded on the project's machines, and its lib is never committed:
@@ -92,6 +93,14 @@ check("k3s.service" in en["units"]["regrade"]["after"] and "k3s.service" in en["
 check(set(en["manifests"]) == {"regrade-rbac", "regrade-token"}, "manifests: deploy/rbac.yaml and the token Secret")
 check(en["settings"]["cluster"]["kubeconfig"] == "/var/lib/regrade/kubeconfig", "daemon uses the minted least-privilege kubeconfig")
 check("regrade-credentials" in en["units"], "regrade-credentials.service mints it")
+pe = d["pathsElsewhere"]
+check(pe["readWritePaths"] == [tmp + "/k3s/config.yaml.d", "/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]
+      and all("d %s 0755 root root -" % p in pe["tmpfiles"] for p in ["/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]),
+      "level_record, state_file, systemd.record elsewhere: regrade.service may write each one's directory, made at boot: %s" % pe["readWritePaths"])
+check(all(line in pe["preSwitchCheck"].splitlines() for line in [
+          "regrade_record=/srv/regrade-run/started-level", "regrade_state=/srv/regrade-state/state.json",
+          "regrade_level_record=/srv/regrade/level.json", "regrade_hold=/srv/regrade-state/switch-hold"]),
+      "level_record, state_file, systemd.record elsewhere: the switch-time check reads them there")
 check(d["adminKubeconfig"] == {"kubeconfig": "/etc/rancher/k3s/k3s.yaml", "credentialsUnit": False}, "kubeconfig option: admin credentials, no minting unit")
 check(dis["preSwitchChecks"] and not en["preSwitchChecks"], "pre-switch check only in a configuration with regrade off")
 rendered = open(tmp + "/rendered-check.txt").read()

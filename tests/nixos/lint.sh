@@ -2,14 +2,18 @@
 # lint.sh: what can be checked of the Nix side on a machine without nixpkgs.
 #   - every .nix file: `nix-instantiate --parse` (Debian's nix-bin), `deadnix --fail`,
 #     `alejandra --check` (tests/nixos/alejandra-check, the alejandra 3.1.0 library);
-#   - the VM test's Python test script compiles;
+#   - the VM test as nixpkgs' test framework takes it (tests/nixos/vm-test-options.nix: its
+#     options exist and have their types), and its script linted as driver.nix lints it
+#     before building the driver: pyflakes with the nodes and the driver's symbols as
+#     builtins, mypy with a typed prelude (tests/nixos/lint-test-script.py);
 #   - the settings the VM test gives regrade (tests/nixos/vm-settings.toml) pass
 #     `regrade check-config` with the binary built from this tree;
 #   - deploy/rbac.yaml has the ServiceAccount the module mints a token for;
 #   - the switch-time check, run as NixOS runs it (tests/nixos/pre-switch-check-test.sh);
 #   - tests/nixos/eval-module.sh: the module evaluated with the module system, nixpkgs'
 #     lib with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), else tests/nixos/minilib.nix.
-# Tools go to ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint, outside the repo.
+# Tools go to ${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/nix-lint, outside the repo
+# (pyflakes and mypy from PyPI into a virtualenv there).
 # Env: REGRADE_BIN (a built regrade; default: cargo build, target/debug/regrade).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +33,15 @@ fi
 if ! "$bin/deadnix" --version 2>/dev/null | grep -q '1\.3\.1'; then
   cargo install --locked --version 1.3.1 --root "$cache" --target-dir "$cache/target" deadnix
 fi
+# pyflakes and mypy near the versions nixos-25.11's driver runs.
+py="$cache/python/bin/python"
+if ! "$py" -c 'import importlib.metadata as m, sys; sys.exit(m.version("pyflakes") != "3.4.0" or m.version("mypy") != "1.18.2")' 2>/dev/null; then
+  if ! python3 -m venv --clear "$cache/python"; then
+    apt-get install -y python3-venv || { apt-get update && apt-get install -y python3-venv; }
+    python3 -m venv --clear "$cache/python"
+  fi
+  "$py" -m pip install --quiet --disable-pip-version-check pyflakes==3.4.0 mypy==1.18.2
+fi
 # A path install rebuilds only what changed; the target dir is kept in the cache.
 cargo install --quiet --locked --root "$cache" --target-dir "$cache/target" --path "$here/alejandra-check"
 
@@ -46,12 +59,15 @@ echo "ok   alejandra --check"
 python3 -c 'import json, sys; json.load(open("flake.lock"))'
 echo "ok   flake.lock is JSON"
 
-# The test script is Python inside a Nix string: evaluate it (it needs only the TOML)
-# and compile it, so a syntax error shows here and not after an hour of VM boots.
-nix-instantiate --eval --strict --json \
-  -E '(import ./nixos/tests/three-servers.nix { self = {}; pkgs = { lib = {}; }; }).testScript' |
-  python3 -c 'import json, sys; compile(json.load(sys.stdin), "three-servers testScript", "exec")'
-echo "ok   nixos/tests/three-servers.nix testScript compiles"
+# The VM test as the test framework evaluates it, and its script (Python inside a Nix
+# string, interpolations done) linted as driver.nix lints it: a message here would fail
+# the driver's build, and with it checks.<system>.three-servers.
+vmlint="$(mktemp -d)"
+trap 'rm -rf "$vmlint"' EXIT
+if [ -n "${NIXPKGS_LIB:-}" ]; then vmlib="import ${NIXPKGS_LIB}/lib"; else vmlib="import $here/minilib.nix"; fi
+nix-instantiate --eval --strict --json "$here/vm-test-options.nix" --arg lib "$vmlib" >"$vmlint/evaluated.json"
+echo "ok   nixos/tests/three-servers.nix evaluates as a test module (name, globalTimeout, nodes, testScript)"
+"$py" "$here/lint-test-script.py" "$vmlint/evaluated.json" "$here/test-script-prelude.py" "$vmlint"
 
 regrade="${REGRADE_BIN:-}"
 if [ -z "$regrade" ]; then
