@@ -298,6 +298,15 @@ pub fn step_label(step: &StepLine, span: f64) -> [String; 2] {
     [format!("{} → {}", step.from.as_str(), step.to.as_str()), format!("{} (t={})", clock(t, span), step.t)]
 }
 
+/// The label of `n` steps drawn as one: `n steps: from → … → to`, then from when to when.
+pub fn burst_label(first: &StepLine, last: &StepLine, n: usize, span: f64) -> [String; 2] {
+    let (a, z) = (first.t.as_f64().unwrap_or(0.0), last.t.as_f64().unwrap_or(0.0));
+    [
+        format!("{n} steps: {} → … → {}", first.from.as_str(), last.to.as_str()),
+        format!("{}–{} (t={}–{})", clock(a, span), clock(z, span), first.t, last.t),
+    ]
+}
+
 fn mib(v: f64) -> String {
     if v >= 10240.0 {
         format!("{:.1} GiB", v / 1024.0)
@@ -535,14 +544,21 @@ impl Picture<'_> {
         // Each lane is one unit high, with a gap between lanes.
         let lane = |i: f64| (3.0 - i - 0.12, 3.0 - i - 0.88);
         let (r0, r1) = lane(0.0);
-        chart.draw_series(self.readings.iter().map(|r| {
-            let c = match r.what {
+        // At least two pixels wide, and over drawn last: a short burst in a long trace
+        // stays visible.
+        let least = self.duration() / 550.0;
+        let wide = |a: f64, z: f64| (a, z.max(a + least));
+        for what in [Reading::Calm, Reading::Neither, Reading::Over] {
+            let c = match what {
                 Reading::Over => OVER,
                 Reading::Calm => CALM,
                 Reading::Neither => NEITHER,
             };
-            Rectangle::new([(r.start, r0), (r.end, r1)], c.filled())
-        }))?;
+            chart.draw_series(self.readings.iter().filter(|r| r.what == what).map(|r| {
+                let (a, z) = wide(r.start, r.end);
+                Rectangle::new([(a, r0), (z, r1)], c.filled())
+            }))?;
+        }
         let (k0, k1) = lane(1.0);
         let sustain = s.sustain.as_secs_f64();
         for st in &self.streaks {
@@ -550,19 +566,24 @@ impl Picture<'_> {
                 Streak::Over => OVER,
                 Streak::Calm => CALM,
             };
-            let held = (st.start + sustain).min(st.end);
+            let (start, end) = wide(st.start, st.end);
+            let held = (start + sustain).min(end);
             chart.draw_series([
-                Rectangle::new([(st.start, k0), (held, k1)], c.mix(0.3).filled()),
-                Rectangle::new([(st.start, k0), (held, k1)], c.mix(0.8).stroke_width(1)),
+                Rectangle::new([(start, k0), (held, k1)], c.mix(0.3).filled()),
+                Rectangle::new([(start, k0), (held, k1)], c.mix(0.8).stroke_width(1)),
             ])?;
-            if st.end > held {
-                chart.draw_series([Rectangle::new([(held, k0), (st.end, k1)], c.filled())])?;
+            if end > held {
+                chart.draw_series([Rectangle::new([(held, k0), (end, k1)], c.filled())])?;
             }
         }
         let (c0, c1) = lane(2.0);
         let cooldown = s.cooldown.as_secs_f64();
         chart.draw_series(self.steps.iter().map(|(t, _)| {
-            Rectangle::new([(*t, c0), ((t + cooldown).min(self.span.1), c1)], COOLDOWN.mix(0.55).filled())
+            Rectangle::new([(*t, c0), (wide(*t, t + cooldown).1.min(self.span.1), c1)], COOLDOWN.mix(0.55).filled())
+        }))?;
+        // Overlapping cooldowns stay apart by their edges.
+        chart.draw_series(self.steps.iter().map(|(t, _)| {
+            Rectangle::new([(*t, c0), (wide(*t, t + cooldown).1.min(self.span.1), c1)], COOLDOWN.stroke_width(1))
         }))?;
         self.step_lines(&mut chart, (0.0, 3.0))?;
         // The lanes' names, in the value axis's place.
@@ -594,7 +615,13 @@ impl Picture<'_> {
             .configure_mesh()
             .disable_x_mesh()
             .y_labels(4)
-            .y_label_formatter(&|v| mib(*v))
+            .y_label_formatter(&|v| {
+                if ymax >= 10240.0 {
+                    format!("{:.0} GiB", v / 1024.0)
+                } else {
+                    format!("{v:.0} MiB")
+                }
+            })
             .y_desc("MemAvailable")
             .label_style(font(15, &INK))
             .axis_desc_style(font(15, &INK))
@@ -657,29 +684,51 @@ impl Picture<'_> {
         // not run into the label before it.
         let (xs, _) = chart.plotting_area().get_pixel_range();
         let to_px = |t: f64| xs.start as f64 + (t - self.span.0) / span * (xs.end - xs.start) as f64;
-        let label_px = 190.0;
+        let label_of = |b: &[(f64, &StepLine)]| match b {
+            [(_, one)] => step_label(one, span),
+            _ => burst_label(b[0].1, b[b.len() - 1].1, b.len(), span),
+        };
         let mut row_end = [f64::NEG_INFINITY; ROWS];
-        let mut placed = vec![];
-        for (i, (t, l)) in self.steps.iter().enumerate() {
-            let x = to_px(*t);
-            let row = (0..ROWS).find(|&r| row_end[r] + 6.0 <= x - 4.0).unwrap_or(i % ROWS);
-            row_end[row] = x + label_px;
-            placed.push((*t, *l, row));
+        // Steps within a few pixels of each other cannot be named apart at this scale:
+        // they share one label, a burst.
+        let mut bursts: Vec<Vec<(f64, &StepLine)>> = vec![];
+        for (t, l) in &self.steps {
+            match bursts.last_mut() {
+                Some(b) if to_px(*t) - to_px(b[0].0) < 14.0 => b.push((*t, *l)),
+                _ => bursts.push(vec![(*t, *l)]),
+            }
         }
-        for (t, l, row) in placed {
+        let mut placed: Vec<(usize, Vec<(f64, &StepLine)>, bool)> = vec![];
+        for (i, burst) in bursts.into_iter().enumerate() {
+            let x = to_px(burst[0].0);
+            let [what, when] = label_of(&burst);
+            let width = text_width(&what, 15).max(text_width(&when, 14)) as f64 + 8.0;
+            // Labels near the right edge are anchored by their right end.
+            let (from, to) = if x + width > xs.end as f64 { (x - width, x) } else { (x, x + width) };
+            let row = (0..ROWS).find(|&r| row_end[r] + 6.0 <= from).unwrap_or(i % ROWS);
+            row_end[row] = to;
+            placed.push((row, burst, x + width > xs.end as f64));
+        }
+        for (t, l) in &self.steps {
             let c = if l.action == "step-down" { OVER } else { CALM };
+            chart.draw_series([Circle::new((*t, y(l.to)), 6, c.filled())])?;
+        }
+        for (row, group, right) in placed {
+            let (t, first) = group[0];
+            let c = match group.len() {
+                1 if first.action == "step-down" => OVER,
+                1 => CALM,
+                _ => INK,
+            };
             let label_y = 2.45 + (ROWS - 1 - row) as f64 * ROW + ROW * 0.92;
             chart.draw_series(DashedLineSeries::new(
-                [(t, y(l.to).max(y(l.from))), (t, label_y)],
+                [(t, y(first.to).max(y(first.from))), (t, label_y)],
                 3,
                 3,
                 c.mix(0.8).stroke_width(1),
             ))?;
-            chart.draw_series([Circle::new((t, y(l.to)), 6, c.filled())])?;
-            // Labels near the right edge are anchored by their right end.
-            let right = to_px(t) + label_px > xs.end as f64;
             let (h, dx) = if right { (HPos::Right, -4) } else { (HPos::Left, 4) };
-            let [what, when] = step_label(l, span);
+            let [what, when] = label_of(&group);
             let pos = Pos::new(h, VPos::Top);
             chart.draw_series([
                 EmptyElement::at((t, label_y)) + Text::new(what, (dx, 0), bold(15, &c).pos(pos)),
