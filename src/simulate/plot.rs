@@ -337,6 +337,9 @@ struct Picture<'a> {
 
 type Res = Result<(), Box<dyn std::error::Error>>;
 
+/// A label's row, the steps it names, and whether it is anchored by its right end.
+type Placed<'a> = (usize, Vec<(f64, &'a StepLine)>, bool);
+
 /// Left of every panel: the value axis and the lanes' names; the same for all, so
 /// their time axes line up.
 const LEFT: u32 = 118;
@@ -698,7 +701,7 @@ impl Picture<'_> {
                 _ => bursts.push(vec![(*t, *l)]),
             }
         }
-        let mut placed: Vec<(usize, Vec<(f64, &StepLine)>, bool)> = vec![];
+        let mut placed: Vec<Placed> = vec![];
         for (i, burst) in bursts.into_iter().enumerate() {
             let x = to_px(burst[0].0);
             let [what, when] = label_of(&burst);
