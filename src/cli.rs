@@ -51,7 +51,8 @@ pub enum Command {
         target: StepTarget,
     },
     /// Replay a pressure trace (CSV) through the decision core and print one JSON object
-    /// per step. Every step succeeds in simulation.
+    /// per step. Every step succeeds in simulation. With --plot, also draw the trace, the
+    /// thresholds and the steps as one self-contained SVG.
     Simulate {
         /// The CSV trace: header row with t,some_avg10,some_avg60,some_avg300,full_avg10,
         /// full_avg60,full_avg300,mem_available_kb (any order); t in seconds.
@@ -59,6 +60,13 @@ pub enum Command {
         /// The level the simulated server starts at.
         #[arg(long, default_value = "full")]
         level: Level,
+        /// Also write an SVG (1200x800, no scripts, fonts or links) of the trace: the
+        /// metric with threshold and calm_threshold, MemAvailable with its floor, each
+        /// sample's reading, the streaks, sustain and cooldown, and the level with each
+        /// step (the steps printed). Needs two rows or more and a mem_available_kb
+        /// column; a trace of more than 4000 rows is downsampled for drawing only.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
     /// Sample the live pressure files and print the CSV `simulate` replays, one row per
     /// sample_period, until interrupted (or --count rows).

@@ -40,7 +40,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("regrade: {} is valid", cli.config.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Simulate { trace, level } => simulate::run(&cfg, &trace, level),
+        Command::Simulate { trace, level, plot } => simulate::run(&cfg, &trace, level, plot.as_deref()),
         Command::Record { count, interval } => simulate::record(&cfg, count, interval.as_deref()),
         Command::Status { json } => status::run(&cfg, json),
         Command::Watch { dry_run } => watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act }),

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::config::Config;
-use crate::decide::State;
+use crate::decide::{Reading, State};
 use crate::level::Level;
 use crate::pressure::Sampler;
 use crate::sample::{Metric, Psi, Sample};
+
+pub mod plot;
 
 /// `t`, the six averages in [`Metric::ALL`]'s order, `mem_available_kb`.
 pub const COLUMNS: [&str; 8] = {
@@ -41,16 +43,52 @@ pub struct StepLine {
     pub to: Level,
 }
 
-pub fn run(cfg: &Config, trace: &Path, level: Level) -> anyhow::Result<ExitCode> {
+/// One sample as the core took it, for the plot: the streaks are the core's, after
+/// this sample and before the step it may have proposed ran.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed {
+    pub lineno: usize,
+    pub t: f64,
+    pub sample: Sample,
+    /// Whether the trace has a `mem_available_kb` column.
+    pub has_mem_available: bool,
+    pub reading: Reading,
+    pub over_since: Option<Duration>,
+    pub calm_since: Option<Duration>,
+}
+
+pub fn run(cfg: &Config, trace: &Path, level: Level, plot_to: Option<&Path>) -> anyhow::Result<ExitCode> {
     let file = std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
     let out = std::io::stdout();
     let mut out = out.lock();
-    replay(cfg, std::io::BufReader::new(file), level, |line| {
-        serde_json::to_writer(&mut out, &line)?;
-        out.write_all(b"\n")?;
-        Ok(())
-    })
+    // Printing and drawing take the steps from this one call: the picture shows the
+    // steps the JSON says.
+    let mut steps = vec![];
+    let mut drawing = plot_to.map(|_| plot::Recorder::new(cfg.core_settings()));
+    let plotting = drawing.is_some();
+    replay_observed(
+        cfg,
+        std::io::BufReader::new(file),
+        level,
+        |o| drawing.as_mut().map_or(Ok(()), |d| d.observe(o)),
+        |line| {
+            serde_json::to_writer(&mut out, &line)?;
+            out.write_all(b"\n")?;
+            if plotting {
+                steps.push(line);
+            }
+            Ok(())
+        },
+    )
     .with_context(|| format!("in {}", trace.display()))?;
+    out.flush()?;
+    if let (Some(d), Some(svg)) = (drawing, plot_to) {
+        let started = Instant::now();
+        let name = trace.file_name().map_or_else(|| trace.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let picture = d.finish(&name, level, &steps).with_context(|| format!("plotting {}", trace.display()))?;
+        std::fs::write(svg, picture).with_context(|| format!("writing {}", svg.display()))?;
+        tracing::debug!(elapsed = ?started.elapsed(), "plotted");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -59,6 +97,17 @@ pub fn replay(
     cfg: &Config,
     trace: impl BufRead,
     level: Level,
+    emit: impl FnMut(StepLine) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    replay_observed(cfg, trace, level, |_| Ok(()), emit)
+}
+
+/// [`replay`], calling `seen` for every sample before `emit` for the step it led to.
+pub fn replay_observed(
+    cfg: &Config,
+    trace: impl BufRead,
+    level: Level,
+    mut seen: impl FnMut(&Observed) -> anyhow::Result<()>,
     mut emit: impl FnMut(StepLine) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let settings = cfg.core_settings();
@@ -128,7 +177,18 @@ pub fn replay(
             sample.mem_available = (num(c)? as u64).saturating_mul(1024);
         }
         let now = Duration::from_secs_f64(t);
-        if let Some(step) = state.observe(&settings, levels, now, settings.classify(&sample)) {
+        let reading = settings.classify(&sample);
+        let step = state.observe(&settings, levels, now, reading);
+        seen(&Observed {
+            lineno,
+            t,
+            sample,
+            has_mem_available: mem_col.is_some(),
+            reading,
+            over_since: state.over_since,
+            calm_since: state.calm_since,
+        })?;
+        if let Some(step) = step {
             state.step_ran(now, step.to);
             emit(StepLine {
                 t: seconds(cells[t_col], t),
@@ -250,6 +310,38 @@ mod tests {
         // A time too large for a Duration is an error naming the line, not an abort.
         let msg = e("t,some_avg10,mem_available_kb\n1e30,1,1\n");
         assert!(msg.contains("line 2") && msg.contains("t = "), "{msg}");
+    }
+
+    fn plot(cfg: &Config, trace: &str) -> anyhow::Result<String> {
+        let mut rec = plot::Recorder::new(cfg.core_settings());
+        let mut steps = vec![];
+        replay_observed(
+            cfg,
+            trace.as_bytes(),
+            Level::Full,
+            |o| rec.observe(o),
+            |l| {
+                steps.push(l);
+                Ok(())
+            },
+        )?;
+        rec.finish("trace.csv", Level::Full, &steps)
+    }
+
+    #[test]
+    fn traces_that_cannot_be_drawn_say_which_row_or_column() {
+        let c = cfg("");
+        let e = |t: &str| format!("{:#}", plot(&c, t).unwrap_err());
+        assert!(e("t,some_avg10,mem_available_kb\n").contains("no rows"));
+        let msg = e("t,some_avg10,mem_available_kb\n5,1,1\n");
+        assert!(msg.contains("line 2") && msg.contains("only row"), "{msg}");
+        let msg = e("t,some_avg10,mem_available_kb\n5,1,1\n\n5,2,1\n5,3,1\n");
+        assert!(msg.contains("lines 2-5") && msg.contains("t = 5") && msg.contains("no time"), "{msg}");
+        let no_floor = Config::parse("[pressure]\nmem_available_floor = \"none\"\n").unwrap();
+        let msg = format!("{:#}", plot(&no_floor, "t,some_avg10\n0,1\n1,1\n").unwrap_err());
+        assert!(msg.contains("mem_available_kb"), "{msg}");
+        // Two rows a second apart are enough.
+        assert!(plot(&c, "t,some_avg10,mem_available_kb\n0,1,1\n1,1,1\n").unwrap().starts_with("<svg"));
     }
 
     #[test]
