@@ -932,9 +932,17 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     s1.wait_level("control-plane", Duration::from_secs(60));
     let dbus = s1.main_pid("dbus.service");
     let regrade = s1.main_pid("regrade.service");
+    let frozen_at = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs_f64();
     s1.signal(libc::SIGSTOP, &dbus);
-    // Long enough for the step to etcd-only to start and wait on the bus.
-    std::thread::sleep(Duration::from_secs(15));
+    // The event: the step to etcd-only reached systemd and gave up there (its D-Bus
+    // calls are bounded by systemd.call_timeout) with nothing changed.
+    let failed = wait_for("server1's step to etcd-only to fail at the frozen bus", Duration::from_secs(120), || {
+        s1.regrade_journal().into_iter().find_map(|(t, msg, v)| {
+            let error = field(&v, "ERROR");
+            (t >= frozen_at && msg == "step failed" && error.contains("nothing was changed")).then(|| error.to_string())
+        })
+    });
+    println!("8a. the step met the frozen bus: {failed}");
     let wrote = s1.c.dropin().exists();
     s1.signal(libc::SIGKILL, &regrade);
     s1.signal(libc::SIGCONT, &dbus);
@@ -1078,7 +1086,19 @@ async fn etcd_gate(api3: &Api3, servers: &[Server], bin: &Path, etcd_ca: &Path, 
             .is_err()
             .then_some(())
     });
-    tokio::time::sleep(Duration::from_secs(11)).await; // a node Lease renewal since
+    // A node Lease renewal since the member died: the gate sees a fresh heartbeat.
+    let died = now();
+    let leases = Api::<Lease>::namespaced(a2.clone(), "kube-node-lease");
+    let t0 = Instant::now();
+    loop {
+        let l = leases.get("server3").await.unwrap();
+        let renewed = l.spec.and_then(|s| s.renew_time).map_or(0.0, |t| t.0.as_millisecond() as f64 / 1e3);
+        if renewed > died {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "server3's node Lease not renewed since its etcd died");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     assert!(old_gate_passes(&a2, "server3").await, "server3 passes the node-Lease gate with its etcd dead");
     let why = refused_by_etcd(&a2, s1, "down", &names[2], "unreachable").await;
     phase(&format!("9a. server3's etcd killed, its Node Ready on a fresh Lease: step into etcd-only refused: {why}"));

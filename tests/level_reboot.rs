@@ -66,12 +66,13 @@ fn reboot_at_control_plane_and_at_etcd_only() {
         // Node's marks are read (and agree), and nothing else changes.
         let log = logs.join(format!("watch-{level}.log"));
         let mut w = rig.watch(None, &log);
-        std::thread::sleep(Duration::from_secs(4));
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(
-            text.lines().any(|l| l.contains("regrade watch starting") && l.contains(&format!("level={level}"))),
-            "watch did not start at {level}:\n{text}"
-        );
+        // The event: watch's start line (it names the level it starts from).
+        let started = || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.lines().find(|l| l.contains("regrade watch starting")).map(str::to_string)
+        };
+        let line = rig.wait("watch's start line", Duration::from_secs(30), started);
+        assert!(line.contains(&format!("level={level}")), "watch did not start at {level}: {line}");
         assert_eq!(rig.record().unwrap()["level"], level);
         proxy.knobs.set_down(false);
         let converged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

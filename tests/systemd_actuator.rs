@@ -120,8 +120,14 @@ fn steps_restart_k3s_only_between_etcd_only_and_the_rest() {
     // An operator's restart of k3s at control-plane keeps the level on record: k3s
     // runs the same at full and control-plane.
     block_on(a.apply_level(Level::ControlPlane, &ready)).unwrap();
+    let starts = c.k3s_starts();
     c.exec(&["systemctl", "restart", "--no-block", "k3s.service"]);
-    std::thread::sleep(Duration::from_secs(1));
+    // The event: the hook's line of the new start (not the old process still healthy).
+    let t0 = std::time::Instant::now();
+    while c.k3s_starts() == starts {
+        assert!(t0.elapsed() < Duration::from_secs(60), "k3s.service did not start again");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     c.wait_healthy(Duration::from_secs(60));
     assert_eq!(c.record_text(), "control-plane");
 }
