@@ -367,6 +367,9 @@ impl Pacer {
             None => (None, None),
         };
         let watchdog = watchdog.map(|p| {
+            // A ping period past the safety timeout (WatchdogSec over twice it) would
+            // stretch the sleep past it, and /healthz's allowance with it.
+            let p = p.min(safety);
             let per_safety = (safety.as_millis() / p.as_millis().max(1)).max(1) as u32;
             Pings { period: p, pings: 0, per_safety }
         });
@@ -984,5 +987,28 @@ pub(crate) mod tests {
         assert_eq!(text.matches("the PSI trigger is gone").count(), 1, "{text}");
         assert!(text.contains("POLLHUP"), "{text}");
         assert_eq!(text.matches("the PSI trigger is armed again").count(), 1, "{text}");
+    }
+
+    /// Under a WatchdogSec whose ping period is longer than the safety timeout, the
+    /// safety sample still comes within the safety timeout (which /healthz allows).
+    #[test]
+    fn a_long_watchdog_period_does_not_stretch_the_safety_timeout() {
+        let (u, _tx) = urgent();
+        rt().block_on(async {
+            let ms = Duration::from_millis;
+            let mut p = Pacer::with_safety(ms(10), ms(0), ms(200), Some(u), Some(ms(400))).unwrap();
+            p.next().await;
+            p.after_sample(true);
+            let t0 = std::time::Instant::now();
+            loop {
+                let w = p.next().await;
+                if w == Wake::Sample(Cause::SafetyTimeout) {
+                    break;
+                }
+                assert_eq!(w, Wake::Watchdog);
+            }
+            let took = t0.elapsed();
+            assert!(took < ms(300), "the safety sample came after {took:?}, past the 200 ms safety timeout");
+        });
     }
 }
