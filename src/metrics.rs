@@ -372,12 +372,19 @@ fn monotonic_ns() -> u64 {
 
 // ---- The listener ----
 
-/// How many scrapes are served at once; more wait in the kernel's accept queue.
-const MAX_CONNECTIONS: usize = 4;
-/// A connection is one request (no keep-alive) and must finish within this.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request head longer than this is refused: a scraper's is a few hundred bytes.
-const MAX_HEAD: usize = 4096;
+/// Connections open at once. At the cap, a new connection closes the oldest one that
+/// is not being answered, so clients that connect and wait cannot lock a probe out.
+const MAX_CONNECTIONS: usize = 32;
+/// A request head must arrive whole within this, from the connection's start or the
+/// previous answer: a client that sends nothing, or a byte now and then, is closed.
+const HEAD_DEADLINE: Duration = Duration::from_secs(5);
+/// A kept-alive connection is closed once this old (after the answer in flight).
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+/// An answer older than this (its client does not read) no longer keeps its
+/// connection from being closed for a new one; also the last answer's time at the age.
+const ANSWER_GRACE: Duration = Duration::from_secs(5);
+/// hyper's smallest read buffer: a request head longer than this is refused (431).
+const MAX_HEAD: usize = 8192;
 
 /// Binds `[metrics] listen`. Done before the loop starts, so a bad or busy address
 /// stops `watch` at once, naming the key.
@@ -388,22 +395,75 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::from_std(std).with_context(|| format!("metrics.listen = \"{addr}\""))
 }
 
+/// One open connection, as the cap sees it.
+struct Slot {
+    id: u64,
+    /// CLOCK_MONOTONIC ns since an answer is being made and handed to hyper; 0: none.
+    answering_since: AtomicU64,
+    /// Closes the connection at once (it is dropped), to make room for a new one.
+    evict: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Slots {
+    /// Oldest first.
+    open: std::sync::Mutex<std::collections::VecDeque<Arc<Slot>>>,
+    next_id: AtomicU64,
+}
+
+impl Slots {
+    /// A slot for a new connection: at the cap, the oldest connection not being
+    /// answered is closed for it; `None` when every one is being answered (then the new
+    /// one is closed, and a retry soon gets in: answers take microseconds).
+    fn admit(&self) -> Option<Arc<Slot>> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= MAX_CONNECTIONS {
+            let now = monotonic_ns();
+            let waiting = open.iter().position(|s| {
+                let since = s.answering_since.load(Relaxed);
+                since == 0 || now.saturating_sub(since) > ANSWER_GRACE.as_nanos() as u64
+            })?;
+            if let Some(old) = open.remove(waiting) {
+                old.evict.notify_one();
+            }
+        }
+        let slot = Arc::new(Slot {
+            id: self.next_id.fetch_add(1, Relaxed),
+            answering_since: AtomicU64::new(0),
+            evict: tokio::sync::Notify::new(),
+        });
+        open.push_back(slot.clone());
+        Some(slot)
+    }
+
+    fn release(&self, id: u64) {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| s.id != id);
+    }
+}
+
+/// Gives a connection's slot back however its task ends.
+struct Release(Arc<Slots>, u64);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
 /// Serves `/metrics` and `/healthz` until the future is dropped.
 ///
-/// HTTP/1.1 by hand, one request per connection: the request line is all it reads
-/// (headers are skipped, a body is never read), into a fixed buffer, and every answer
-/// closes the connection. hyper's server half, already in the tree for kube's client,
-/// was measured first: with it, a scraped `watch` grew 0.59 MiB of VmRSS over
-/// today's (its code faulted in and locked by `mlockall`), against a budget of 0.5
-/// MiB; this is about 60 lines and a few pages. At most [`MAX_CONNECTIONS`] are open,
-/// each for at most [`CONNECTION_TIMEOUT`], so a slow or hostile client holds a
-/// bounded amount of memory and never the watcher: the handlers only read atomics.
+/// HTTP/1.1 with hyper's server (keep-alive, as Prometheus scrapes). What a client can
+/// hold is bounded: at most [`MAX_CONNECTIONS`] open, each closed if a request head
+/// does not arrive whole within [`HEAD_DEADLINE`] (of the start, or of the previous
+/// answer), and each at most [`MAX_CONNECTION_AGE`] old. At the cap a new connection
+/// closes the oldest one that is not being answered, so idle or slow clients cannot
+/// keep a probe out. The handlers only read atomics: the watcher never waits for a
+/// client.
 ///
 /// `/healthz` is 200 while a good sample is younger than `max_sample_age`.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics, max_sample_age: MaxSampleAge) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Slots::default());
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else { return };
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
             Err(e) => {
@@ -413,101 +473,121 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
                 continue;
             }
         };
+        let Some(slot) = slots.admit() else {
+            tracing::debug!("metrics listener: every connection is being answered; closing a new one");
+            continue;
+        };
+        let release = Release(slots.clone(), slot.id);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, answer(stream, metrics, max_sample_age)).await;
-            drop(permit);
+            connection(stream, slot, metrics, max_sample_age).await;
+            drop(release);
         });
     }
 }
 
-/// Reads one request head and writes one response.
-async fn answer(
-    mut stream: tokio::net::TcpStream,
+async fn connection(
+    stream: tokio::net::TcpStream,
+    slot: Arc<Slot>,
+    metrics: &'static Metrics,
+    max_sample_age: MaxSampleAge,
+) {
+    let answering = slot.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        answering.answering_since.store(monotonic_ns(), Relaxed);
+        let r = respond(&req, metrics, max_sample_age, answering.clone());
+        std::future::ready(Ok::<_, std::convert::Infallible>(r))
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEAD_DEADLINE)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(true)
+        // The header names as before (Content-Type, Content-Length), for human readers.
+        .title_case_headers(true);
+    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = slot.evict.notified() => return,
+        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+    }
+    // Old enough: the answer in flight, if any, and then closed.
+    conn.as_mut().graceful_shutdown();
+    tokio::select! {
+        _ = conn => {}
+        _ = slot.evict.notified() => {}
+        _ = tokio::time::sleep(ANSWER_GRACE) => {}
+    }
+}
+
+/// A whole answer in one frame. Dropped once hyper has taken it: the connection is
+/// then no longer being answered.
+struct Answer {
+    data: Option<hyper::body::Bytes>,
+    slot: Arc<Slot>,
+}
+
+impl hyper::body::Body for Answer {
+    type Data = hyper::body::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(hyper::body::Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.slot.answering_since.store(0, Relaxed);
+    }
+}
+
+/// The response to a request (HEAD gets the head only: hyper sends no body for it).
+fn respond<B>(
+    req: &hyper::Request<B>,
     metrics: &Metrics,
     max_sample_age: MaxSampleAge,
-) -> std::io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut head = [0u8; MAX_HEAD];
-    let mut n = 0;
-    let response = loop {
-        if n == head.len() {
-            break Response::plain("431 Request Header Fields Too Large", "request head too long\n".into());
-        }
-        let k = stream.read(&mut head[n..]).await?;
-        if k == 0 {
-            return Ok(()); // closed before a whole head
-        }
-        n += k;
-        let got = &head[..n];
-        if got.windows(4).any(|w| w == b"\r\n\r\n") || got.windows(2).any(|w| w == b"\n\n") {
-            break respond(got, metrics, max_sample_age);
-        }
-    };
-    let mut out = format!(
-        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n",
-        response.status,
-        response.content_type,
-        response.body.len(),
-        response.extra_header
-    );
-    if !response.head_only {
-        out.push_str(&response.body);
-    }
-    stream.write_all(out.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-struct Response {
-    status: &'static str,
-    content_type: &'static str,
-    extra_header: &'static str,
-    body: String,
-    /// A HEAD request: the length of the body, not the body.
-    head_only: bool,
-}
-
-impl Response {
-    fn plain(status: &'static str, body: String) -> Response {
-        Response { status, content_type: "text/plain; charset=utf-8", extra_header: "", body, head_only: false }
-    }
-}
-
-/// The response to a request head (`METHOD TARGET HTTP/1.x`, then headers).
-fn respond(head: &[u8], metrics: &Metrics, max_sample_age: MaxSampleAge) -> Response {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut parts = line.split(|&b| b == b' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Response::plain("400 Bad Request", "bad request line\n".into());
-    };
-    if !version.starts_with(b"HTTP/1.") || !target.starts_with(b"/") {
-        return Response::plain("400 Bad Request", "bad request line\n".into());
-    }
-    let head_only = match method {
-        b"GET" => false,
-        b"HEAD" => true,
-        _ => {
-            let mut r = Response::plain("405 Method Not Allowed", "only GET and HEAD\n".into());
-            r.extra_header = "Allow: GET, HEAD\r\n";
-            return r;
-        }
-    };
-    let path = target.split(|&b| b == b'?').next().unwrap_or_default();
-    let mut r = match path {
-        b"/metrics" => {
-            let mut body = String::with_capacity(4096);
-            metrics.render(&mut body);
-            Response { content_type: "text/plain; version=0.0.4; charset=utf-8", ..Response::plain("200 OK", body) }
-        }
-        b"/healthz" => match metrics.unhealthy(max_sample_age) {
-            None => Response::plain("200 OK", "ok\n".into()),
-            Some(why) => Response::plain("503 Service Unavailable", format!("{why}\n")),
+    slot: Arc<Slot>,
+) -> hyper::Response<Answer> {
+    use hyper::StatusCode;
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    let (status, content_type, body): (StatusCode, &str, String) = match *req.method() {
+        hyper::Method::GET | hyper::Method::HEAD => match req.uri().path() {
+            "/metrics" => {
+                let mut body = String::with_capacity(4096);
+                metrics.render(&mut body);
+                (StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", body)
+            }
+            "/healthz" => match metrics.unhealthy(max_sample_age) {
+                None => (StatusCode::OK, PLAIN, "ok\n".into()),
+                Some(why) => (StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n")),
+            },
+            "/" => (StatusCode::OK, PLAIN, "regrade: see /metrics and /healthz\n".into()),
+            _ => (StatusCode::NOT_FOUND, PLAIN, "not found: try /metrics or /healthz\n".into()),
         },
-        b"/" => Response::plain("200 OK", "regrade: see /metrics and /healthz\n".into()),
-        _ => Response::plain("404 Not Found", "not found: try /metrics or /healthz\n".into()),
+        _ => (StatusCode::METHOD_NOT_ALLOWED, PLAIN, "only GET and HEAD\n".into()),
     };
-    r.head_only = head_only;
+    let len = body.len();
+    let mut r = hyper::Response::new(Answer { data: Some(body.into()), slot });
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
+    h.insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(len));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        h.insert(hyper::header::ALLOW, hyper::header::HeaderValue::from_static("GET, HEAD"));
+    }
     r
 }
 
@@ -723,7 +803,7 @@ mod tests {
             let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
             let addr = listener.local_addr().unwrap();
             tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
-            let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+            let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
 
             let r = request(addr, &get("/healthz")).await;
             assert!(r.starts_with("HTTP/1.1 503"), "{r}");
@@ -741,24 +821,25 @@ mod tests {
                     || r.contains("\nregrade_level{level=\"etcd-only\"} 1\n"),
                 "{r}"
             );
-            assert!(
-                r.contains("connection: close") || r.contains("Connection: close"),
-                "one request per connection: {r}"
-            );
 
             let r = request(addr, &get("/healthz")).await;
             assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok\n"), "{r}");
             let r = request(addr, &get("/nope")).await;
             assert!(r.starts_with("HTTP/1.1 404"), "{r}");
-            let r = request(addr, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").await;
-            assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+            let r =
+                request(addr, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+            assert!(
+                r.starts_with("HTTP/1.1 405") && r.to_ascii_lowercase().contains("\r\nallow: get, head\r\n"),
+                "{r}"
+            );
             let r = request(addr, "garbage\r\n\r\n").await;
             assert!(r.starts_with("HTTP/1.1 400"), "{r}");
             let r = request(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
-            assert!(r.starts_with("HTTP/1.1 200"), "HTTP/1.0 client: {r}");
-            let r = request(addr, "GET /healthz?x=1 HTTP/1.1\n\n").await;
+            assert!(r.starts_with("HTTP/1.") && r.contains(" 200 OK\r\n"), "HTTP/1.0 client: {r}");
+            let r = request(addr, "GET /healthz?x=1 HTTP/1.1\nConnection: close\n\n").await;
             assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok\n"), "query string, bare newlines: {r}");
-            let r = request(addr, "HEAD /metrics HTTP/1.1\r\n\r\n").await;
+            let r = request(addr, "HEAD /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").await;
             assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("\r\n\r\n"), "HEAD has no body: {r}");
             // Exactly a full buffer and no end of head (all of it read: no reset).
             let prefix = "GET /metrics HTTP/1.1\r\nX: ";
@@ -768,6 +849,109 @@ mod tests {
             // Still serving after the bad request.
             let r = request(addr, &get("/metrics")).await;
             assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        });
+    }
+
+    /// Many clients that open a connection and send nothing, and slow ones that send a
+    /// byte of a request head every second, hold no slot `/healthz` needs: a new probe
+    /// is answered within a second while they hold on, and the server closes them at
+    /// its deadline for a request head.
+    #[test]
+    fn idle_and_slow_clients_do_not_stop_healthz() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const IDLE: usize = 64;
+        const SLOW: usize = 16;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+            m.sampled(&sample(), Reading::Calm);
+            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let opened = std::time::Instant::now();
+            let mut idle = Vec::new();
+            for _ in 0..IDLE {
+                idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+            }
+            // Slow clients: a byte of a request head a second, never the end of it.
+            let (slow_closed_tx, mut slow_closed) = tokio::sync::mpsc::unbounded_channel();
+            for _ in 0..SLOW {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let tx = slow_closed_tx.clone();
+                tokio::spawn(async move {
+                    let start = std::time::Instant::now();
+                    for b in b"GET /metrics HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter().cycle()
+                    {
+                        if s.write_all(std::slice::from_ref(b)).await.is_err() {
+                            break;
+                        }
+                        // The client's pace, not a wait for an event.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    let _ = tx.send(start.elapsed());
+                });
+            }
+            drop(slow_closed_tx);
+            // Probes while all of them hold on.
+            let mut took = Vec::new();
+            for _ in 0..5 {
+                let t0 = std::time::Instant::now();
+                let probe = async {
+                    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+                    let mut out = String::new();
+                    s.read_to_string(&mut out).await.unwrap();
+                    out
+                };
+                let r = tokio::time::timeout(Duration::from_secs(1), probe).await.unwrap_or_else(|_| {
+                    panic!("/healthz not answered within 1 s, {IDLE} idle and {SLOW} slow clients open")
+                });
+                assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok\n"), "{r}");
+                took.push(t0.elapsed());
+            }
+            eprintln!("/healthz with {IDLE} idle and {SLOW} slow clients: {took:?}");
+            // The idle ones are closed by the server (EOF or a reset), at its deadline.
+            for (i, mut s) in idle.into_iter().enumerate() {
+                let mut b = [0u8; 64];
+                let r = tokio::time::timeout(Duration::from_secs(15), s.read(&mut b)).await;
+                assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "idle client {i} still open: {r:?}");
+            }
+            eprintln!("the idle clients were closed within {:?}", opened.elapsed());
+            for _ in 0..SLOW {
+                let held = tokio::time::timeout(Duration::from_secs(15), slow_closed.recv()).await.unwrap().unwrap();
+                assert!(held < Duration::from_secs(12), "a slow client held on for {held:?}");
+            }
+        });
+    }
+
+    /// Keep-alive, as Prometheus scrapes, but bounded: a connection left idle after
+    /// its answers is closed at the deadline for the next request head.
+    #[test]
+    fn a_kept_alive_connection_is_closed_when_left_idle() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+            m.sampled(&sample(), Reading::Calm);
+            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut got = Vec::new();
+            for n in 1..=2 {
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+                while got.windows(3).filter(|w| *w == b"ok\n").count() < n {
+                    let mut b = [0u8; 512];
+                    let k = s.read(&mut b).await.unwrap();
+                    assert!(k > 0, "closed after {n} requests: {}", String::from_utf8_lossy(&got));
+                    got.extend_from_slice(&b[..k]);
+                }
+            }
+            let idle = std::time::Instant::now();
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(HEAD_DEADLINE + Duration::from_secs(3), s.read(&mut b)).await;
+            assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "still open after {:?} idle: {r:?}", idle.elapsed());
+            eprintln!("an idle kept-alive connection closed after {:?}", idle.elapsed());
         });
     }
 

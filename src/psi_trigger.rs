@@ -231,7 +231,7 @@ impl Trigger {
 
 /// `POLLERR` means the trigger is gone (its cgroup was removed): polling must take over.
 pub fn check_revents(revents: libc::c_short, path: &Path) -> io::Result<()> {
-    if revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
+    if revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
         return Err(io::Error::other(format!(
             "{}: the trigger reported an error (its cgroup removed?)",
             path.display()
@@ -270,7 +270,13 @@ pub enum Cause {
     /// Asleep on the trigger for [`SAFETY_TIMEOUT`]: one sample to check on the files
     /// and the level, in case the kernel never says anything.
     SafetyTimeout,
+    /// The trigger's file reported an error or hung up (its cgroup removed): the
+    /// trigger is dropped, and `watch` polls until it can be armed again.
+    TriggerLost,
 }
+
+/// How often a lost trigger is armed again while `watch` polls.
+pub const REARM_EVERY: Duration = Duration::from_secs(60);
 
 /// How long `watch` sleeps on a trigger at most. Long, as a quiet trigger is the
 /// normal case; it bounds how late a hand step at `full` is noticed.
@@ -309,6 +315,22 @@ pub struct Pacer {
     hold: Duration,
     last_fire: Option<tokio::time::Instant>,
     safety: Duration,
+    /// Arms the trigger again after it was lost (see [`Pacer::rearming`]).
+    rearm: Option<Box<dyn FnMut() -> Option<std::os::fd::OwnedFd> + Send>>,
+    rearm_every: Duration,
+    /// When the next try is due, while the trigger is lost.
+    rearm_at: Option<tokio::time::Instant>,
+}
+
+/// The trigger waits for POLLPRI; POLLERR and POLLHUP (which epoll always reports)
+/// say it is gone. Tokio keeps a hang-up set once seen, so an unchecked one would
+/// look like a fire at every wait.
+const TRIGGER_INTEREST: tokio::io::Interest = tokio::io::Interest::PRIORITY.add(tokio::io::Interest::ERROR);
+
+fn register<F: AsRawFd>(fd: F, interest: tokio::io::Interest) -> io::Result<tokio::io::unix::AsyncFd<F>> {
+    // SAFETY: the Pacer owns the descriptor for as long as the registration
+    // lives; nothing closes or replaces it meanwhile.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
 }
 
 /// A sampling interval whose first tick is one period from now (or now).
@@ -338,19 +360,16 @@ impl Pacer {
         trigger: Option<std::os::fd::OwnedFd>,
         watchdog: Option<Duration>,
     ) -> io::Result<Self> {
-        fn register<F: AsRawFd>(fd: F, interest: tokio::io::Interest) -> io::Result<tokio::io::unix::AsyncFd<F>> {
-            // SAFETY: the Pacer owns the descriptor for as long as the registration
-            // lives; nothing closes or replaces it meanwhile.
-            unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
-        }
         let (trigger, timer) = match trigger {
-            Some(t) => (
-                Some(register(t, tokio::io::Interest::PRIORITY)?),
-                Some(register(TimerFd::new()?, tokio::io::Interest::READABLE)?),
-            ),
+            Some(t) => {
+                (Some(register(t, TRIGGER_INTEREST)?), Some(register(TimerFd::new()?, tokio::io::Interest::READABLE)?))
+            }
             None => (None, None),
         };
         let watchdog = watchdog.map(|p| {
+            // A ping period past the safety timeout (WatchdogSec over twice it) would
+            // stretch the sleep past it, and /healthz's allowance with it.
+            let p = p.min(safety);
             let per_safety = (safety.as_millis() / p.as_millis().max(1)).max(1) as u32;
             Pings { period: p, pings: 0, per_safety }
         });
@@ -364,7 +383,42 @@ impl Pacer {
             hold,
             safety,
             last_fire: None,
+            rearm: None,
+            rearm_every: REARM_EVERY,
+            rearm_at: None,
         })
+    }
+
+    /// After a lost trigger, `arm` is called every `every` while polling until it
+    /// gives a descriptor, which becomes the trigger.
+    pub fn rearming(
+        mut self,
+        every: Duration,
+        arm: impl FnMut() -> Option<std::os::fd::OwnedFd> + Send + 'static,
+    ) -> Self {
+        self.rearm = Some(Box::new(arm));
+        self.rearm_every = every;
+        self
+    }
+
+    /// Arms the trigger again when it is lost and a try is due.
+    fn try_rearm(&mut self, now: tokio::time::Instant) {
+        if self.trigger.is_some() || self.timer.is_none() || self.rearm_at.is_none_or(|t| now < t) {
+            return;
+        }
+        let Some(arm) = &mut self.rearm else { return };
+        match arm().map(|fd| register(fd, TRIGGER_INTEREST)) {
+            Some(Ok(t)) => {
+                tracing::info!("the PSI trigger is armed again");
+                self.trigger = Some(t);
+                self.rearm_at = None;
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "could not watch the re-armed PSI trigger");
+                self.rearm_at = Some(now + self.rearm_every);
+            }
+            None => self.rearm_at = Some(now + self.rearm_every),
+        }
     }
 
     pub fn mode(&self) -> Pacing {
@@ -379,6 +433,7 @@ impl Pacer {
     /// streak that could lead to a step. Returns the new mode when it changes.
     pub fn after_sample(&mut self, calm_at_top: bool) -> Option<Pacing> {
         let now = tokio::time::Instant::now();
+        self.try_rearm(now);
         let held = self.last_fire.is_none_or(|f| now.duration_since(f) >= self.hold);
         let want = if calm_at_top && held && self.trigger.is_some() { Pacing::Trigger } else { Pacing::Polling };
         if want == self.mode {
@@ -416,11 +471,14 @@ impl Pacer {
             return Wake::Sample(Cause::SafetyTimeout);
         }
         let fired = async {
-            let mut guard = trigger.ready(tokio::io::Interest::PRIORITY).await?;
-            let error = guard.ready().is_error();
+            let mut guard = trigger.ready(TRIGGER_INTEREST).await?;
+            let ready = guard.ready();
             guard.clear_ready();
-            if error {
-                return Err(io::Error::other("the trigger reported an error (its cgroup removed?)"));
+            if ready.is_error() {
+                return Err(io::Error::other("the trigger's file reported an error (POLLERR: its cgroup removed?)"));
+            }
+            if ready.is_read_closed() {
+                return Err(io::Error::other("the trigger's file hung up (POLLHUP)"));
             }
             Ok(())
         };
@@ -448,11 +506,16 @@ impl Pacer {
                 w.pings = 0;
                 Wake::Sample(Cause::SafetyTimeout)
             }
-            Some(r) => {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "the PSI trigger failed; sampling every period from now on");
-                    self.trigger = None;
-                }
+            Some(Err(e)) => {
+                // Said once: re-arming is retried quietly until it works.
+                tracing::warn!(error = %e, "the PSI trigger is gone; sampling every period until it can be armed again");
+                self.trigger = None;
+                let now = tokio::time::Instant::now();
+                self.rearm_at = Some(now + self.rearm_every);
+                self.set_mode(Pacing::Polling, now);
+                Wake::Sample(Cause::TriggerLost)
+            }
+            Some(Ok(())) => {
                 let now = tokio::time::Instant::now();
                 self.last_fire = Some(now);
                 self.set_mode(Pacing::Polling, now);
@@ -733,6 +796,8 @@ pub(crate) mod tests {
             p.after_sample(true);
             assert_eq!(p.mode(), Pacing::Trigger);
             let fire_at = std::time::Instant::now() + ms(200);
+            // The connection stays open after the fire: a hang-up is a lost trigger.
+            let _open = tx.try_clone().unwrap();
             std::thread::spawn(move || {
                 std::thread::sleep(ms(200));
                 fire(&tx);
@@ -810,6 +875,140 @@ pub(crate) mod tests {
                 assert_eq!(p.after_sample(true), None);
                 assert_eq!(p.mode(), Pacing::Polling);
             }
+        });
+    }
+
+    /// A pipe's read end with its write end closed: the kernel reports POLLHUP on it
+    /// for good, as it reports POLLERR on a trigger whose cgroup was removed.
+    fn hung_up() -> std::os::fd::OwnedFd {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors it is given.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors nothing else owns.
+        let (r, w): (std::os::fd::OwnedFd, std::os::fd::OwnedFd) =
+            unsafe { (std::os::fd::FromRawFd::from_raw_fd(fds[0]), std::os::fd::FromRawFd::from_raw_fd(fds[1])) };
+        drop(w);
+        r
+    }
+
+    /// A pipe's write end with its read end closed: POLLERR for good.
+    fn errored() -> std::os::fd::OwnedFd {
+        let mut fds = [0; 2];
+        // SAFETY: as in `hung_up`.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
+        let (r, w): (std::os::fd::OwnedFd, std::os::fd::OwnedFd) =
+            unsafe { (std::os::fd::FromRawFd::from_raw_fd(fds[0]), std::os::fd::FromRawFd::from_raw_fd(fds[1])) };
+        drop(r);
+        w
+    }
+
+    /// A trigger that hangs up or errors is dropped at its first wake: `watch` polls
+    /// from then on instead of "firing" at once every time it goes back to sleep.
+    #[test]
+    fn a_trigger_that_hangs_up_or_errors_is_dropped_for_polling() {
+        for (what, fd) in [("POLLHUP", hung_up()), ("POLLERR", errored())] {
+            rt().block_on(async {
+                let ms = Duration::from_millis;
+                // A short safety timeout, so a trigger never woken again shows quickly.
+                let mut p = Pacer::with_safety(ms(20), ms(0), ms(500), Some(fd), None).unwrap();
+                assert_eq!(p.next().await, Wake::Sample(Cause::Period));
+                assert_eq!(p.after_sample(true), Some(Pacing::Trigger));
+                let mut wakes = vec![];
+                for _ in 0..5 {
+                    wakes.push(p.next().await);
+                    p.after_sample(true);
+                }
+                let fired = wakes.iter().filter(|w| **w == Wake::Sample(Cause::Fired)).count();
+                assert!(fired == 0, "{what}: the broken trigger fired {fired} times: {wakes:?}");
+                assert_eq!(wakes[0], Wake::Sample(Cause::TriggerLost), "{what}");
+                assert!(!p.has_trigger(), "{what}: still kept");
+                assert_eq!(p.mode(), Pacing::Polling, "{what}");
+                assert!(wakes[1..].iter().all(|w| *w == Wake::Sample(Cause::Period)), "{what}: {wakes:?}");
+            });
+        }
+    }
+
+    /// A lost trigger is said once, polled past, and armed again when its file can be:
+    /// then `watch` sleeps on the new one (which does not fire by itself).
+    #[test]
+    fn a_lost_trigger_is_said_once_and_armed_again() {
+        #[derive(Clone, Default)]
+        struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl io::Write for Log {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let w = log.clone();
+        let sub = tracing_subscriber::fmt().with_writer(move || w.clone()).with_ansi(false).finish();
+        let _g = tracing::subscriber::set_default(sub);
+        let (u, _tx) = urgent();
+        let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = tries.clone();
+        let mut fresh = Some(u);
+        rt().block_on(async {
+            let ms = Duration::from_millis;
+            // The file cannot be armed at the first try, only at the second.
+            let mut p = Pacer::with_safety(ms(10), ms(0), ms(300), Some(hung_up()), None).unwrap().rearming(
+                ms(100),
+                move || {
+                    let k = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if k == 0 {
+                        None
+                    } else {
+                        fresh.take()
+                    }
+                },
+            );
+            p.next().await;
+            p.after_sample(true);
+            assert_eq!(p.next().await, Wake::Sample(Cause::TriggerLost));
+            let lost = std::time::Instant::now();
+            let mut polled = 0;
+            while p.after_sample(true) != Some(Pacing::Trigger) {
+                assert_eq!(p.next().await, Wake::Sample(Cause::Period));
+                polled += 1;
+                assert!(polled < 100, "never armed again");
+            }
+            let rearmed = lost.elapsed();
+            assert!(p.has_trigger() && rearmed >= ms(200), "armed again after {rearmed:?}");
+            assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 2);
+            // Asleep on the new trigger: only the safety timeout wakes it.
+            let t0 = std::time::Instant::now();
+            assert_eq!(p.next().await, Wake::Sample(Cause::SafetyTimeout));
+            assert!(t0.elapsed() >= ms(250), "woke after {:?}", t0.elapsed());
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.matches("the PSI trigger is gone").count(), 1, "{text}");
+        assert!(text.contains("POLLHUP"), "{text}");
+        assert_eq!(text.matches("the PSI trigger is armed again").count(), 1, "{text}");
+    }
+
+    /// Under a WatchdogSec whose ping period is longer than the safety timeout, the
+    /// safety sample still comes within the safety timeout (which /healthz allows).
+    #[test]
+    fn a_long_watchdog_period_does_not_stretch_the_safety_timeout() {
+        let (u, _tx) = urgent();
+        rt().block_on(async {
+            let ms = Duration::from_millis;
+            let mut p = Pacer::with_safety(ms(10), ms(0), ms(200), Some(u), Some(ms(400))).unwrap();
+            p.next().await;
+            p.after_sample(true);
+            let t0 = std::time::Instant::now();
+            loop {
+                let w = p.next().await;
+                if w == Wake::Sample(Cause::SafetyTimeout) {
+                    break;
+                }
+                assert_eq!(w, Wake::Watchdog);
+            }
+            let took = t0.elapsed();
+            assert!(took < ms(300), "the safety sample came after {took:?}, past the 200 ms safety timeout");
         });
     }
 }

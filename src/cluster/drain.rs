@@ -12,7 +12,10 @@
 //! - Each chosen pod is evicted (`policy/v1` Eviction, with the pod's UID as a
 //!   precondition, so a pod re-created under the same name is not touched). A 429 is a
 //!   PodDisruptionBudget saying no: it is retried with backoff and the budget's name,
-//!   taken from the answer, is kept for the report.
+//!   taken from the answer, is kept for the report. A 409 is retried the same way:
+//!   the API server answers it for a UID that no longer matches and also when its
+//!   own retries of a conflicting write run out, so only the next list of the Node's
+//!   pods says the pod is gone (its UID no longer listed).
 //! - Evicted pods are waited for until they are gone (their own grace periods), the
 //!   whole drain bounded by `drain_timeout`. At the deadline, `on_drain_timeout =
 //!   "proceed"` leaves the rest where they are and names each (with the budget that
@@ -158,8 +161,10 @@ pub fn classify(e: &CallError) -> Evicted {
     };
     match status.code {
         404 => Evicted::Gone,
-        // The UID precondition failed: the pod by that name is a new one.
-        409 => Evicted::Gone,
+        // A failed UID precondition (a new pod by that name), or the API server's own
+        // conflict retries ran out for this very pod: only the next list can tell, and
+        // it does (a UID no longer listed is gone), so retry as for a budget.
+        409 => Evicted::Blocked(Block { pdb: None, message: status.message.clone() }),
         429 => Evicted::Blocked(block_of(status)),
         // "This pod has more than one PodDisruptionBudget, which the eviction
         // subresource does not support": wait as for a refusal.
@@ -621,6 +626,8 @@ async fn run(
                 Ok(()) => st.deleted(&pod),
                 Err(e) => match classify(&e) {
                     Evicted::Gone => st.evicted(&pod, Evicted::Gone, Instant::now()),
+                    // Not known to be gone: left, and reported, as not evicted.
+                    Evicted::Blocked(_) => {}
                     _ => {
                         st.fail(e.to_string());
                         break;
@@ -775,7 +782,6 @@ mod tests {
         );
         assert!(matches!(classify(&e), Evicted::Blocked(Block { pdb: None, .. })));
         assert_eq!(classify(&status(404, "not found", None)), Evicted::Gone);
-        assert_eq!(classify(&status(409, "uid precondition", None)), Evicted::Gone);
         assert!(matches!(classify(&status(503, "unavailable", None)), Evicted::Retry(_)));
         let Evicted::Fatal(why) =
             classify(&status(403, "pods \"web-1\" is forbidden: cannot create resource \"pods/eviction\"", None))
@@ -889,5 +895,45 @@ mod tests {
         let rep = st.report(Duration::ZERO, false);
         assert_eq!(rep.evicted, ["apps/db-0"]);
         assert_eq!(st.due(t0).iter().map(|p| p.uid.as_str()).collect::<Vec<_>>(), ["uid-db-0-again"]);
+    }
+
+    /// A 409 is not "gone": the API server also answers it for the same pod when its
+    /// own conflict retries run out. The eviction is retried with backoff; only a
+    /// list without the pod's UID (deleted, or re-created as a new pod) makes it gone.
+    #[test]
+    fn a_conflict_is_retried_until_a_list_says_the_pod_is_gone() {
+        let t0 = Instant::now();
+        let web = pod("web-1", Some("ReplicaSet"));
+        let r = PodRef::of(&web);
+        let mut st = DrainState::default();
+        st.observe(std::slice::from_ref(&web), t0);
+        let conflict =
+            status(409, "Operation cannot be fulfilled on pods \"web-1\": the object has been modified", None);
+        st.evicted(&r, classify(&conflict), t0);
+        assert!(!st.done(), "the same pod is still there");
+        assert!(st.due(t0).is_empty(), "retried after a backoff");
+        st.observe(std::slice::from_ref(&web), t0 + Duration::from_secs(1));
+        assert_eq!(st.due(t0 + Duration::from_secs(1)), std::slice::from_ref(&r), "same UID listed: evicted again");
+        let rep = st.report(Duration::from_secs(1), false);
+        assert!(rep.gone.is_empty() && rep.blocked.len() == 1, "{rep:?}");
+        assert!(rep.blocked[0].message.as_deref().is_some_and(|m| m.contains("has been modified")), "{rep:?}");
+        st.evicted(&r, Evicted::Yes, t0 + Duration::from_secs(1));
+        st.observe(&[], t0 + Duration::from_secs(2));
+        assert!(st.done());
+        assert_eq!(st.report(Duration::from_secs(2), false).evicted, ["apps/web-1"]);
+
+        // A 409 for a pod re-created under its name: the list shows the new UID only.
+        let mut st = DrainState::default();
+        st.observe(std::slice::from_ref(&web), t0);
+        st.evicted(&r, classify(&status(409, "Precondition failed: UID in precondition", None)), t0);
+        let mut again = web.clone();
+        again.metadata.uid = Some("uid-web-1-again".into());
+        st.observe(std::slice::from_ref(&again), t0 + Duration::from_secs(1));
+        let rep = st.report(Duration::from_secs(1), false);
+        assert_eq!(rep.gone, ["apps/web-1"], "{rep:?}");
+        assert_eq!(
+            st.due(t0 + Duration::from_secs(1)).iter().map(|p| p.uid.as_str()).collect::<Vec<_>>(),
+            ["uid-web-1-again"]
+        );
     }
 }

@@ -132,17 +132,57 @@ impl PeerGate<'_> {
             None => not_ready(format!("has no node Lease in {NODE_LEASE_NAMESPACE}")),
             Some(None) => not_ready(format!("has never renewed its node Lease in {NODE_LEASE_NAMESPACE}")),
             Some(Some(t)) => {
-                let age = Duration::try_from(now.duration_since(*t)).unwrap_or_default();
+                // A renewal in the future (that kubelet's clock ahead) counts by its
+                // distance too: taken as age 0 it would read fresh for as long as the
+                // clock is ahead, even after the peer died.
+                let off = now.duration_since(*t);
+                let age = Duration::try_from(off.abs()).unwrap_or(Duration::MAX);
+                let when = if off.is_negative() { "in the future, by its clock" } else { "ago" };
                 (age > self.heartbeat_timeout).then(|| Refusal {
                     kind: RefusalKind::PeerNotReady,
                     subject: name.to_string(),
                     message: format!(
-                        "peer {name}'s node Lease was last renewed {}s ago (stale after {}s)",
+                        "peer {name}'s node Lease was last renewed {}s {when} (stale after {}s)",
                         age.as_secs(),
                         self.heartbeat_timeout.as_secs()
                     ),
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A node Lease renewed in the future (that kubelet's clock ahead) is judged by
+    /// how far ahead it is: within the heartbeat timeout it is fresh, past it stale.
+    #[test]
+    fn a_renewal_in_the_future_is_not_fresh_for_ever() {
+        let now: Timestamp = "2026-12-01T08:00:00Z".parse().unwrap();
+        let gate = PeerGate {
+            node_name: "server-1",
+            level_label: "regrade.dev/level",
+            heartbeat_timeout: Duration::from_secs(40),
+            server_now: now,
+        };
+        let peer: Node = serde_json::from_value(json!({
+            "metadata": {"name": "server-2"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let unfit = |secs: i64| {
+            let t = now.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs)).unwrap();
+            let renewed = BTreeMap::from([("server-2".to_string(), Some(t))]);
+            gate.unfit(&peer, &renewed, now, SteppedDownPeers::Refuse).map(|r| r.message)
+        };
+        assert_eq!(unfit(-10), None, "renewed 10 s ago");
+        assert_eq!(unfit(10), None, "10 s ahead: within the timeout");
+        let why = unfit(-100).expect("100 s ago is stale");
+        assert!(why.contains("100s ago"), "{why}");
+        let why = unfit(3600).expect("an hour in the future is not fresh");
+        assert!(why.contains("3600s in the future"), "{why}");
     }
 }

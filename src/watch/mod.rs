@@ -129,8 +129,20 @@ impl<'a> Watcher<'a> {
             psi_trigger::arm_for_watch(&cfg.pressure.source, cfg.pressure.metric, cfg.pressure.threshold);
         let mut ticker = Ticker::new(cfg, sampler, levels, level, mode);
         let period = cfg.pressure.sample_period.0;
-        let pacer = Pacer::new(period, psi_trigger::HOLD_AFTER_FIRE, trigger, ticker.notifier.watchdog_period())
+        let armed = trigger.is_some();
+        let mut pacer = Pacer::new(period, psi_trigger::HOLD_AFTER_FIRE, trigger, ticker.notifier.watchdog_period())
             .context("setting up the PSI trigger's wait")?;
+        if armed {
+            // A trigger that was armed once is armed again after it is lost (a
+            // cgroup removed and made again).
+            let (source, spec) = (
+                cfg.pressure.source.clone(),
+                psi_trigger::Spec::for_threshold(cfg.pressure.metric, cfg.pressure.threshold),
+            );
+            pacer = pacer.rearming(psi_trigger::REARM_EVERY, move || {
+                psi_trigger::Trigger::arm(&source, spec).ok().map(psi_trigger::Trigger::into_fd)
+            });
+        }
         tracing::info!(
             level = %level, dry_run, pacing = %pacer.mode(), trigger = %described,
             "regrade watch starting"
@@ -165,6 +177,10 @@ impl<'a> Watcher<'a> {
                     // Asleep on the trigger under systemd: a ping and nothing else.
                     self.ticker.notifier.watchdog();
                     continue;
+                }
+                Wake::Sample(Cause::TriggerLost) => {
+                    self.ticker
+                        .set_pacing(Pacing::Polling, Some("none: the trigger was lost; arming it again every minute"));
                 }
                 Wake::Sample(Cause::Fired) => {
                     tracing::info!(pacing = %Pacing::Polling, "the PSI trigger fired; sampling every sample_period");
