@@ -785,6 +785,14 @@ mod tests {
         assert!(m.unhealthy(ages(Duration::from_secs(60))).is_some());
     }
 
+    /// `m` served on a free loopback port (from within a runtime); its address.
+    fn listening(m: &'static Metrics) -> SocketAddr {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+        addr
+    }
+
     /// One HTTP/1.1 request over a real loopback socket; returns the raw response.
     async fn request(addr: SocketAddr, req: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -800,9 +808,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = listener.local_addr().unwrap();
-            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let addr = listening(m);
             let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
 
             let r = request(addr, &get("/healthz")).await;
@@ -865,9 +871,7 @@ mod tests {
         rt.block_on(async {
             let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
             m.sampled(&sample(), Reading::Calm);
-            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = listener.local_addr().unwrap();
-            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let addr = listening(m);
             let opened = std::time::Instant::now();
             let mut idle = Vec::new();
             for _ in 0..IDLE {
@@ -933,9 +937,7 @@ mod tests {
         rt.block_on(async {
             let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
             m.sampled(&sample(), Reading::Calm);
-            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            let addr = listener.local_addr().unwrap();
-            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let addr = listening(m);
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             let mut got = Vec::new();
             for n in 1..=2 {
