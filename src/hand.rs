@@ -35,8 +35,10 @@ pub enum StepTarget {
 /// step under way is finished (or fails and is undone), then it stops.
 pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
+        let mut signals = Signals::new()?;
+        // Held to the end: while it runs, `watch` on this server neither steps nor
+        // judges the record; killed, the kernel lets go and `watch` finishes the step.
+        let _lock = wait_for_the_step_lock(cfg, &mut signals).await?;
         let Backend { mut actuator, cluster, etcd } = backend::real(cfg).await?;
         let levels = actuator.levels().to_vec();
         let marks = level_keeper::read_marks(cluster.as_ref()).await;
@@ -51,10 +53,10 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 }
             }
             Pending::Resume(step) => {
-                println!("finishing the interrupted step {} -> {} ...", step.from, step.to);
+                say(format_args!("finishing the interrupted step {} -> {} ...", step.from, step.to));
                 let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
-                match finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await {
-                    Outcome::Done => println!("now at {}", step.to),
+                match finish_despite_signals(fut, &mut signals, &mut interrupted).await {
+                    Outcome::Done => say(format_args!("now at {}", step.to)),
                     Outcome::Refused(r) => {
                         anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
                     }
@@ -75,7 +77,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             let step = match next_hand_step(current, target, &levels)? {
                 Some(step) => step,
                 None => {
-                    println!("at {current}");
+                    say(format_args!("at {current}"));
                     return Ok(ExitCode::SUCCESS);
                 }
             };
@@ -83,33 +85,32 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
             }
             if lease_wait.is_none() {
-                println!("{} {} -> {} ...", step.direction.action(), step.from, step.to);
+                say(format_args!("{} {} -> {} ...", step.direction.action(), step.from, step.to));
             }
             let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
-            let outcome = finish_despite_signals(fut, &mut term, &mut int, &mut interrupted).await;
+            let outcome = finish_despite_signals(fut, &mut signals, &mut interrupted).await;
             if keeper.marks_unsure.replace(false) {
                 if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
                     tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right; `regrade watch` will");
                 }
             }
             match outcome {
-                Outcome::Done => println!("now at {}", step.to),
+                Outcome::Done => say(format_args!("now at {}", step.to)),
                 Outcome::Refused(r)
                     if r.kind == RefusalKind::LeaseHeld
                         && !interrupted
                         && lease_wait.is_none_or(|until| tokio::time::Instant::now() < until) =>
                 {
                     if lease_wait.is_none() {
-                        println!(
+                        say(format_args!(
                             "{r}; watching it for up to {} (a holder that stopped renewing it is taken over)",
                             crate::units::format_duration(patience)
-                        );
+                        ));
                         lease_wait = Some(tokio::time::Instant::now() + patience);
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = term.recv() => interrupted = true,
-                        _ = int.recv() => interrupted = true,
+                        _ = signals.next() => interrupted = true,
                     }
                     continue;
                 }
@@ -129,25 +130,78 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
     })
 }
 
-/// Drives a step to its end; a SIGINT or SIGTERM meanwhile is noted, not obeyed, so
-/// k3s is never left between levels.
+/// The signals a hand step outlives: SIGTERM and SIGINT, and SIGHUP (the SSH session
+/// it ran in dropped). Each is noted, not obeyed, while a step is under way.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal, by name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "interrupted",
+            _ = self.hup.recv() => "SIGHUP (the terminal went away)",
+        }
+    }
+}
+
+/// Says `msg` on stdout. A terminal that went away (SIGHUP, a dropped SSH session)
+/// must not end the step half-way, as `println!` would by panicking.
+fn say(msg: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{msg}");
+}
+
+/// Waits until no other regrade process steps this server (`watch` in a step, or
+/// another hand step), saying so once; a signal meanwhile stops the wait.
+async fn wait_for_the_step_lock(cfg: &Config, signals: &mut Signals) -> anyhow::Result<level_keeper::StepLock> {
+    let mut said = false;
+    loop {
+        match level_keeper::StepLock::try_take(&cfg.level_record)? {
+            Ok(lock) => return Ok(lock),
+            Err(busy) if !said => {
+                say(format_args!("{busy}; waiting for it to finish"));
+                tracing::info!(lock = %busy.path.display(), pid = ?busy.pid, "waiting for the step lock");
+                said = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            why = signals.next() => anyhow::bail!("{why}: stopped while waiting for the step lock; nothing was changed"),
+        }
+    }
+}
+
+/// Drives a step to its end; a signal meanwhile is noted, not obeyed, so k3s is never
+/// left between levels.
 async fn finish_despite_signals(
     fut: impl std::future::Future<Output = Outcome>,
-    term: &mut tokio::signal::unix::Signal,
-    int: &mut tokio::signal::unix::Signal,
+    signals: &mut Signals,
     interrupted: &mut bool,
 ) -> Outcome {
     tokio::pin!(fut);
     loop {
         tokio::select! {
             out = &mut fut => return out,
-            _ = term.recv() => {
+            why = signals.next() => {
                 *interrupted = true;
-                eprintln!("regrade: SIGTERM: finishing the step under way, then stopping");
-            }
-            _ = int.recv() => {
-                *interrupted = true;
-                eprintln!("regrade: interrupted: finishing the step under way, then stopping");
+                let _ = std::io::Write::write_fmt(
+                    &mut std::io::stderr(),
+                    format_args!("regrade: {why}: finishing the step under way, then stopping\n"),
+                );
             }
         }
     }

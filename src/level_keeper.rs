@@ -4,7 +4,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -53,6 +56,27 @@ impl Keeper {
     /// The record on disk now, if it can be read (`None` in a dry run).
     pub fn on_disk(&self) -> Option<LevelRecord> {
         LevelRecord::read(self.path.as_ref()?).ok().flatten()
+    }
+
+    /// Whether the record on disk is no longer the one this process holds: another
+    /// process (a hand step, finished or killed) wrote it. Every decision to act is
+    /// then made again from the disk. Never in a dry run.
+    pub fn moved_on_disk(&self) -> bool {
+        let Some(path) = &self.path else { return false };
+        match LevelRecord::read(path) {
+            Ok(on_disk) => on_disk.as_ref() != Some(&*self.current.borrow()),
+            // Unreadable: deciding again says so, and goes on as without a record.
+            Err(_) => true,
+        }
+    }
+
+    /// Takes the one lock of stepping this server (see [`StepLock`]). `Ok(None)` in a
+    /// dry run, which changes nothing.
+    pub fn lock_steps(&self) -> anyhow::Result<Result<Option<StepLock>, Busy>> {
+        match &self.path {
+            Some(p) => Ok(StepLock::try_take(p)?.map(Some)),
+            None => Ok(Ok(None)),
+        }
     }
 
     pub fn put(&self, r: LevelRecord) -> anyhow::Result<()> {
@@ -112,6 +136,75 @@ impl Keeper {
     }
 }
 
+/// The one lock of stepping this server: only the process holding it steps, changes
+/// the level record or puts the Node's marks right. An exclusive `flock` on a file
+/// beside the level record, so the kernel lets go of it when its process dies however
+/// it dies (SIGKILL, OOM): a step it left in the record is found by the next holder,
+/// which finishes or rolls it back from the record on disk. `watch` holds it for one
+/// step or one convergence at a time; `regrade step` for its whole run. The file holds
+/// the holder's PID, for the message of whoever finds it busy.
+#[derive(Debug)]
+pub struct StepLock {
+    _file: File,
+}
+
+/// The lock is held by another live process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Busy {
+    pub path: PathBuf,
+    pub pid: Option<u32>,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            Some(pid) => write!(f, "another regrade process (PID {pid}) is stepping this server"),
+            None => write!(f, "another regrade process is stepping this server"),
+        }?;
+        write!(f, " (it holds {})", self.path.display())
+    }
+}
+
+impl StepLock {
+    /// The lock file for the level record at `record`.
+    pub fn path_for(record: &Path) -> PathBuf {
+        let mut p = record.as_os_str().to_owned();
+        p.push(".lock");
+        PathBuf::from(p)
+    }
+
+    /// Takes the lock if no other process holds it; never waits.
+    pub fn try_take(record: &Path) -> anyhow::Result<Result<StepLock, Busy>> {
+        let path = Self::path_for(record);
+        let open = || OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+        let mut file = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| anyhow::anyhow!("creating {} for the step lock: {e}", dir.display()))?;
+                }
+                open().map_err(|e| anyhow::anyhow!("opening the step lock {}: {e}", path.display()))?
+            }
+            Err(e) => anyhow::bail!("opening the step lock {}: {e}", path.display()),
+        };
+        // flock(2), not File::try_lock: that needs a newer Rust than the crate's MSRV.
+        // SAFETY: a plain syscall on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                anyhow::bail!("locking the step lock {}: {e}", path.display());
+            }
+            let mut held = String::new();
+            let _ = file.read_to_string(&mut held);
+            return Ok(Err(Busy { path, pid: held.trim().parse().ok() }));
+        }
+        // Who holds it, for the message of whoever finds it busy; not needed to lock.
+        let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| writeln!(file, "{}", std::process::id()));
+        Ok(Ok(StepLock { _file: file }))
+    }
+}
+
 /// The configuration keys naming what regrade puts on the Node and on disk, with
 /// their values now (see [`LevelRecord::keys`]).
 pub fn keys(cfg: &Config) -> BTreeMap<String, String> {
@@ -145,7 +238,9 @@ pub enum Pending {
     Nothing,
     /// Put the Node's marks right for the level held.
     Marks,
-    /// No record yet and the Node unread: read it, then decide again.
+    /// Read the Node, then decide again from the record on disk: no record yet and
+    /// the Node unread, or the record was changed by another process (a hand step,
+    /// finished or killed mid-step) or could not be looked at for one.
     Adopt,
     /// Finish an interrupted step (under the Lease).
     Resume(Step),

@@ -14,7 +14,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("regrade: {e:#}");
+            // Not eprintln!: a terminal gone (SIGHUP) must not turn the error into a panic.
+            let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("regrade: {e:#}\n"));
             ExitCode::FAILURE
         }
     }

@@ -98,8 +98,9 @@ enum Mode {
 struct Tracked<'a> {
     cluster: &'a dyn Cluster,
     keeper: &'a Keeper,
-    /// The etcd gate, asked again right before the restart (a step that restarts).
-    gate: Option<&'a dyn RestartGate>,
+    /// The etcd gate, asked right before any restart the actuator asks for: also one
+    /// the plan did not expect (k3s running other flags than the record says).
+    gate: &'a dyn RestartGate,
 }
 
 #[async_trait::async_trait(?Send)]
@@ -111,8 +112,7 @@ impl NodeReadiness for Tracked<'_> {
     /// The one place the etcd gate's answer is taken at the moment of use: the
     /// answer under the Lease came before the marks and the drain.
     async fn may_restart(&self) -> anyhow::Result<()> {
-        let Some(gate) = self.gate else { return Ok(()) };
-        match gate.before_restart().await {
+        match self.gate.before_restart().await {
             Ok(_) => Ok(()),
             Err(refusal) => {
                 METRICS.refused(refusal.kind);
@@ -249,8 +249,7 @@ async fn under_lease(
         kill_point::reached("after-marks");
     }
     let applying = async {
-        let gate = me.map(|_| etcd);
-        apply(step, &mut *actuator, Tracked { cluster, keeper, gate }, levels, mode).await?;
+        apply(step, &mut *actuator, Tracked { cluster, keeper, gate: etcd }, levels, mode).await?;
         match me {
             // The Lease is held until this member is back, healthy and caught up:
             // only then may another server restart its own.
@@ -280,7 +279,7 @@ async fn under_lease(
 /// `restoring`, so the undoing is finished under the Lease by `watch` (or the next
 /// start), as after a crash.
 async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -> Outcome {
-    let Parts { cluster, levels, keeper, .. } = p;
+    let Parts { cluster, etcd, levels, keeper } = p;
     let phase = keeper.record().step.map_or(Phase::Leased, |s| s.phase);
     let restarted = levels.needs_restart(step.from, step.to) && phase >= Phase::Restarting;
     let cut = format!(
@@ -310,6 +309,11 @@ async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -
         if phase >= Phase::Writing {
             if restarted {
                 keeper.reach(Phase::Restoring);
+                // A restart back is a restart: gated at its moment like any other.
+                if let Err(r) = etcd.before_restart().await {
+                    METRICS.refused(r.kind);
+                    anyhow::bail!("the etcd gate refused the restart back: {}", r.message);
+                }
             }
             said.push(actuator.roll_back(step.from, restarted).await?);
         }
@@ -502,6 +506,24 @@ mod tests {
         assert_eq!(a.level(), Level::EtcdOnly);
     }
 
+    /// Was (issue 23, finding 4): a step planned without a restart (control-plane ->
+    /// full) from a level record that had fallen behind k3s (which ran etcd-only) asked
+    /// no etcd gate, yet the actuator restarted k3s. Now every restart the actuator
+    /// asks for is gated at its moment: refused here, k3s stays where it is.
+    #[test]
+    fn a_restart_the_plan_did_not_expect_is_gated_all_the_same() {
+        let log = Log::default();
+        let mut a = FakeActuator::at(Level::EtcdOnly).logging_to(&log);
+        let c = FakeCluster::logging_to(&log);
+        let gate = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
+        let up = Step { direction: Direction::Up, from: Level::ControlPlane, to: Level::Full };
+        let out = block_on(run(&up, &mut a, &c, &gate, &LevelsConfig::default(), &keeper()));
+        let Outcome::Failed { error, .. } = out else { panic!("{out:?}") };
+        assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
+        assert_eq!(a.level(), Level::EtcdOnly, "k3s was not restarted");
+        assert_eq!(log.take()[..3], ["preflight", "acquire", "etcd check"], "no gate before: the plan had no restart");
+    }
+
     #[test]
     fn up_applies_before_marking() {
         let log = Log::default();
@@ -670,11 +692,13 @@ mod tests {
                 "etcd check",
                 "mark etcd-only",
                 "etcd check",
+                "etcd check",
                 "roll back to control-plane, restarting",
                 "mark control-plane",
                 "release",
                 "event failed"
-            ]
+            ],
+            "the restart back is gated at its moment too"
         );
         assert_eq!(a.level(), Level::ControlPlane);
         assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None), "settled at from");
@@ -726,6 +750,29 @@ mod tests {
         let rec = k.record().step.unwrap();
         assert_eq!((rec.from, rec.to, rec.phase), (Level::EtcdOnly, Level::ControlPlane, Phase::Restarting));
         assert_eq!(k.unfinished_undoing(), None, "recorded once");
+    }
+
+    /// Past the deadline after k3s was asked to restart, with a peer's member dead
+    /// meanwhile: the restart back is refused by the gate at its moment; nothing is
+    /// restarted, and the record keeps the undoing for later, under the Lease.
+    #[test]
+    fn a_restart_back_past_the_deadline_is_gated_too() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster::logging_to(&log);
+        // The checks before the step and at the restart pass; the one before the
+        // restart back (the fourth) finds a member dead.
+        let g = Gate { refuse_from: Some(4), ..Gate::logging_to(&log) };
+        let k = keeper();
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
+        assert!(format!("{error:#}").contains("the etcd gate refused the restart back"), "{error:#}");
+        assert!(!log.take().iter().any(|l| l.starts_with("roll back")), "nothing restarted back");
+        assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring));
     }
 
     /// A peer's etcd member dies during the drain: the gate, asked again at the

@@ -177,3 +177,73 @@ fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
     // A dry run leaves the real watch's state file alone.
     assert!(!f.dir.path().join("state.json").exists());
 }
+
+/// A hand step, with the step lock held by another process (here the test, as `watch`
+/// in a step would): `regrade step`, started with `extra` stdout, waits for the lock;
+/// returns the child and the lock (dropping it frees the lock).
+fn hand_step_behind_a_held_lock(f: &Fixture, stdout: Stdio) -> (std::process::Child, regrade::level_keeper::StepLock) {
+    let lock = regrade::level_keeper::StepLock::try_take(&f.dir.path().join("level.json")).unwrap().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .arg("--config")
+        .arg(f.config())
+        .args(["step", "down"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, lock)
+}
+
+fn signal(child: &std::process::Child, sig: i32) {
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// One process steps a server at a time: `regrade step` waits while another holds the
+/// step lock, says so, and a SIGHUP (the SSH session dropped) stops the wait with
+/// nothing changed. Was: no lock, so a hand step and `watch` could step one server at
+/// once; and SIGHUP was not handled, so it killed a hand step wherever it was.
+#[test]
+fn a_hand_step_waits_for_the_step_lock_and_a_sighup_stops_the_wait_with_nothing_changed() {
+    let f = Fixture::new(CALM_PSI, 4_000_000, &format!("level_record = {:?}", "LEVEL"));
+    let cfg = std::fs::read_to_string(f.config()).unwrap();
+    let record = f.dir.path().join("level.json");
+    std::fs::write(f.config(), cfg.replace("\"LEVEL\"", &format!("{record:?}"))).unwrap();
+    let (mut child, _lock) = hand_step_behind_a_held_lock(&f, Stdio::piped());
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let holder = format!("another regrade process (PID {}) is stepping this server", std::process::id());
+    assert!(line.contains(&holder) && line.contains("waiting for it to finish"), "{line}");
+    signal(&child, libc::SIGHUP);
+    let done = child.wait_with_output().unwrap();
+    let err = text(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{err}");
+    assert!(err.contains("SIGHUP") && err.contains("nothing was changed"), "{err}");
+    assert!(!record.exists(), "no level record was written");
+}
+
+/// A terminal that fails every write (its stdout /dev/full here; a dropped SSH session
+/// alike) does not make a hand step panic: it goes on, and stops on SIGTERM as asked.
+/// Was: `println!` panicked at the first line.
+#[test]
+fn a_hand_step_whose_stdout_fails_does_not_panic() {
+    let f = Fixture::new(CALM_PSI, 4_000_000, &format!("level_record = {:?}", "LEVEL"));
+    let cfg = std::fs::read_to_string(f.config()).unwrap();
+    std::fs::write(f.config(), cfg.replace("\"LEVEL\"", &format!("{:?}", f.dir.path().join("level.json")))).unwrap();
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let (mut child, _lock) = hand_step_behind_a_held_lock(&f, Stdio::from(full));
+    // Its log says it waits; the line on stdout before it has failed by then.
+    let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    while !err.contains("waiting for the step lock") {
+        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
+        assert!(n > 0, "ended before waiting for the lock: {err}");
+    }
+    signal(&child, libc::SIGTERM);
+    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("SIGTERM: stopped while waiting for the step lock"), "{err}");
+}

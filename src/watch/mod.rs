@@ -112,14 +112,34 @@ impl<'a> Watcher<'a> {
                 Pending::Nothing,
             )
         } else {
-            // The one read of the Node a calm start makes; then no request while calm.
-            let marks = level_keeper::read_marks(backend.cluster.as_ref()).await;
-            let st = level_keeper::start(cfg, backend.actuator.as_mut(), marks).await.context("converging at start")?;
-            backend.cluster.disconnect();
-            if let Pending::Resume(step) = &st.pending {
-                tracing::info!(from = %step.from, to = %step.to, "an interrupted step is to be finished first");
+            match level_keeper::StepLock::try_take(&cfg.level_record)? {
+                Ok(_lock) => {
+                    // The one read of the Node a calm start makes; then no request while calm.
+                    let marks = level_keeper::read_marks(backend.cluster.as_ref()).await;
+                    let st = level_keeper::start(cfg, backend.actuator.as_mut(), marks)
+                        .await
+                        .context("converging at start")?;
+                    backend.cluster.disconnect();
+                    if let Pending::Resume(step) = &st.pending {
+                        tracing::info!(from = %step.from, to = %step.to, "an interrupted step is to be finished first");
+                    }
+                    (st.keeper, st.pending)
+                }
+                Err(busy) => {
+                    // A hand step is under way: its record is not ours to judge yet.
+                    // Start from what it says, and decide once the lock is free.
+                    tracing::info!("{busy}: deciding from the level record once it is done");
+                    let keys = level_keeper::keys(cfg);
+                    let record = match LevelRecord::read(&cfg.level_record) {
+                        Ok(Some(r)) => r,
+                        _ => LevelRecord::at(
+                            backend.actuator.current_level().await.context("reading the current level")?,
+                            keys.clone(),
+                        ),
+                    };
+                    (Keeper::new(Some(cfg.level_record.clone()), record, keys), Pending::Adopt)
+                }
             }
-            (st.keeper, st.pending)
         };
         let level = match &pending {
             Pending::Resume(s) => s.from,
@@ -197,7 +217,7 @@ impl<'a> Watcher<'a> {
             }
             if self.mode == Mode::Act {
                 if proposed.is_some() || self.level_checked.elapsed() >= LEVEL_CHECK_EVERY {
-                    self.follow_hand_steps(t);
+                    self.follow_hand_steps();
                 }
                 if self.pending != Pending::Nothing && self.backoff.due() {
                     self.converge(t).await;
@@ -226,14 +246,25 @@ impl<'a> Watcher<'a> {
         Ok(())
     }
 
-    /// Runs the step the core proposed and feeds its outcome back.
+    /// Runs the step the core proposed and feeds its outcome back. Only under the step
+    /// lock, and only from the record this process holds: if another process wrote
+    /// the record meanwhile, the proposal is stale and the loop decides again first.
     async fn step(&mut self, t: Duration, step: &Step) {
         // The step first, then the hold: the switch-time check writes its hold first,
         // then reads this, so one of the two always sees the other.
         self.ticker.set_stepping(Some(step.to));
         let outcome = match self.switch_hold() {
             Some(refusal) => Outcome::Refused(refusal),
-            None => self.run_step(step, false).await,
+            None => match self.keeper.lock_steps() {
+                Ok(Ok(_lock)) if self.keeper.moved_on_disk() => {
+                    self.ticker.set_stepping(None);
+                    self.decide_again();
+                    return;
+                }
+                Ok(Ok(_lock)) => self.run_step(step, false).await,
+                Ok(Err(busy)) => Outcome::Refused(busy_refusal(&busy)),
+                Err(error) => Outcome::Failed { level: step.from, error: error.context("nothing was changed") },
+            },
         };
         self.ticker.set_stepping(None);
         self.after_step(&outcome);
@@ -246,6 +277,20 @@ impl<'a> Watcher<'a> {
         if self.pending == Pending::Nothing {
             self.backend.cluster.disconnect();
         }
+    }
+
+    /// The record on disk is not the one this process holds (a hand step ended, or
+    /// was killed mid-step): what is pending and the level are decided again from it,
+    /// under the step lock, by the next convergence.
+    fn decide_again(&mut self) {
+        if self.pending != Pending::Adopt {
+            tracing::info!(
+                was = %self.keeper.level(),
+                "the level record was changed by another process (a hand step?); deciding again from it"
+            );
+        }
+        self.pending = Pending::Adopt;
+        self.backoff = Backoff::now();
     }
 
     /// After a step: marks whose outcome at the API is unknown, or that a failed step
@@ -288,22 +333,32 @@ impl<'a> Watcher<'a> {
         }
     }
 
-    /// A hand step (`regrade step`) moves the level record behind the core: adopt
-    /// it as a step that ran now, so cooldown and fresh streaks apply from it.
-    fn follow_hand_steps(&mut self, t: Duration) {
+    /// A hand step (`regrade step`) moves the level record behind the core, and one
+    /// killed mid-step leaves its step in it: either way the record is decided again
+    /// (a level reached by hand is adopted as a step that ran now; a step left
+    /// half-done is finished or rolled back under the Lease).
+    fn follow_hand_steps(&mut self) {
         self.level_checked = Instant::now();
-        let Some(r) = self.keeper.on_disk() else { return };
-        if r.step.is_none() && r.level != self.keeper.level() && !matches!(self.pending, Pending::Resume(_)) {
-            tracing::info!(level = %r.level, was = %self.ticker.state.level, "the level changed outside watch (a hand step?); following it");
-            self.ticker.state.step_ran(t, r.level);
-            self.keeper.adopt(r);
-            self.ticker.mark_dirty();
+        if self.keeper.moved_on_disk() {
+            self.decide_again();
         }
     }
 
     /// One try at what is pending; on failure the next try waits (backoff). The API
     /// calls ping the watchdog while they run (each tries every endpoint in turn).
     async fn converge(&mut self, t: Duration) {
+        if self.pending == Pending::Nothing {
+            return;
+        }
+        // One process acts on this server at a time, from the record on disk.
+        let _lock = match self.keeper.lock_steps() {
+            Ok(Ok(lock)) => lock,
+            Ok(Err(busy)) => return self.retry_later(&anyhow::anyhow!("{busy}")),
+            Err(e) => return self.retry_later(&e),
+        };
+        if self.keeper.moved_on_disk() {
+            self.decide_again();
+        }
         let notifier = &self.ticker.notifier;
         match self.pending.clone() {
             Pending::Nothing => {}
@@ -315,8 +370,11 @@ impl<'a> Watcher<'a> {
                     match notifier.pinging(API_CALL_BOUND, start).await {
                         Ok(st) => {
                             if st.level() != self.ticker.state.level {
-                                tracing::info!(level = %st.level(), "carrying on from the level the Node says");
-                                self.ticker.state.level = st.level();
+                                // Reached by another process (or said by the Node at a
+                                // start without a record): a step that ran now, so the
+                                // cooldown and fresh streaks apply from it.
+                                tracing::info!(level = %st.level(), was = %self.ticker.state.level, "carrying on from the level the record and the Node say");
+                                self.ticker.state.step_ran(t, st.level());
                                 self.ticker.mark_dirty();
                             }
                             self.keeper = st.keeper;
@@ -377,6 +435,15 @@ impl<'a> Watcher<'a> {
             }
         };
         self.ticker.notifier.pinging(step::bound(&self.cfg.levels), fut).await
+    }
+}
+
+/// The refusal a step meets while another process holds the step lock.
+fn busy_refusal(busy: &level_keeper::Busy) -> crate::cluster::Refusal {
+    crate::cluster::Refusal {
+        kind: crate::cluster::RefusalKind::LeaseHeld,
+        subject: busy.path.display().to_string(),
+        message: format!("{busy}: no step until it is done"),
     }
 }
 
@@ -538,6 +605,120 @@ mod tests {
         });
     }
 
+    fn between(from: Level, to: Level) -> Step {
+        Step::between(from, to)
+    }
+
+    /// Was (issue 23, finding 3): an interrupted step left pending (its resume refused
+    /// for a while) was re-run from memory after the operator had finished it by hand
+    /// and gone back to full: control-plane -> etcd-only on a calm server at full. Now
+    /// the record on disk is read again under the step lock, and decided from.
+    #[test]
+    fn a_pending_resume_is_dropped_when_the_record_moved_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::ControlPlane, Some((Level::ControlPlane, Level::EtcdOnly, Phase::Restarting)));
+        let log = crate::testing::Log::default();
+        let node = FakeCluster { log: log.clone(), ..FakeCluster::labelled(Ok(Some(Level::ControlPlane))) };
+        let label = node.label.clone();
+        let (backend, k3s) = backend_with(Level::EtcdOnly, node);
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            assert_eq!(w.pending, Pending::Resume(between(Level::ControlPlane, Level::EtcdOnly)));
+            // Meanwhile by hand: `regrade step` finished it, then `regrade step to full`.
+            k3s.set(Level::Full);
+            *label.borrow_mut() = Ok(None);
+            record(&cfg, Level::Full, None);
+            log.take();
+            w.converge(Duration::from_secs(5)).await;
+            w.converge(Duration::from_secs(6)).await;
+            assert_eq!(k3s.get(), Level::Full, "no step was run from the stale memory: {:?}", log.take());
+            assert_eq!((w.ticker.state.level, &w.pending), (Level::Full, &Pending::Nothing));
+            assert_eq!(on_disk(&cfg), LevelRecord::at(Level::Full, level_keeper::keys(&cfg)));
+        });
+    }
+
+    /// Was (issue 23, finding 6): marks pending after a reboot with the API down were
+    /// put right from the level held in memory after a hand step to full had marked
+    /// the Node: control-plane's marks again, and nothing pending to undo them. Now
+    /// the moved record is decided again first.
+    #[test]
+    fn pending_marks_follow_the_record_on_disk_not_the_level_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::ControlPlane, None);
+        let node = FakeCluster::labelled(Err("every endpoint timed out"));
+        let label = node.label.clone();
+        let (backend, _) = backend_with(Level::Full, node);
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            assert_eq!((w.ticker.state.level, &w.pending), (Level::ControlPlane, &Pending::Marks));
+            // The API is back; `regrade step to full` by hand marked the Node full.
+            *label.borrow_mut() = Ok(None);
+            record(&cfg, Level::Full, None);
+            w.converge(Duration::from_secs(5)).await;
+            w.converge(Duration::from_secs(6)).await;
+            assert_eq!(*label.borrow(), Ok(None), "the Node keeps full's marks");
+            assert_eq!((w.ticker.state.level, &w.pending), (Level::Full, &Pending::Nothing));
+        });
+    }
+
+    /// Was (issue 23, finding 4): a hand step killed mid-step left its step in the
+    /// record; the running watch ignored it and stepped from its stale level
+    /// (control-plane -> full, "no restart", so no etcd gate) while k3s ran etcd-only.
+    /// Now the proposal made from the stale level is dropped, and the killed step is
+    /// finished under the Lease first.
+    #[test]
+    fn a_hand_step_killed_mid_step_is_finished_before_watch_steps_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::ControlPlane, None);
+        let log = crate::testing::Log::default();
+        let node = FakeCluster { log: log.clone(), ..FakeCluster::labelled(Ok(Some(Level::ControlPlane))) };
+        let (backend, k3s) = backend_with(Level::ControlPlane, node);
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            // `regrade step down`, SIGKILLed once k3s restarted etcd-only.
+            k3s.set(Level::EtcdOnly);
+            record(&cfg, Level::ControlPlane, Some((Level::ControlPlane, Level::EtcdOnly, Phase::Restarting)));
+            w.step(Duration::from_secs(60), &between(Level::ControlPlane, Level::Full)).await;
+            assert_eq!(k3s.get(), Level::EtcdOnly, "no step from the stale level");
+            assert_eq!(w.pending, Pending::Adopt);
+            w.converge(Duration::from_secs(61)).await;
+            assert_eq!(w.pending, Pending::Resume(between(Level::ControlPlane, Level::EtcdOnly)));
+            log.take();
+            w.converge(Duration::from_secs(62)).await;
+            assert_eq!(log.take()[..2], ["preflight", "acquire"], "finished under the Lease");
+            assert_eq!((w.ticker.state.level, &w.pending), (Level::EtcdOnly, &Pending::Nothing));
+            let r = on_disk(&cfg);
+            assert_eq!((r.level, r.step), (Level::EtcdOnly, None));
+        });
+    }
+
+    /// One process steps a server at a time: while another holds the step lock (a hand
+    /// step), watch's step is refused before anything is touched, and runs once free.
+    #[test]
+    fn watch_does_not_step_while_another_process_holds_the_step_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        record(&cfg, Level::Full, None);
+        let (backend, k3s) = backend_with(Level::Full, FakeCluster::labelled(Ok(None)));
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            let held = level_keeper::StepLock::try_take(&cfg.level_record).unwrap().unwrap();
+            w.step(Duration::from_secs(60), &between(Level::Full, Level::ControlPlane)).await;
+            assert_eq!(k3s.get(), Level::Full, "refused while the lock is held");
+            let state: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
+            assert_eq!(state["refusal"]["kind"], "lease-held", "{state}");
+            let pid = format!("PID {}", std::process::id());
+            assert!(state["refusal"]["message"].as_str().unwrap().contains(&pid), "{state}");
+            drop(held);
+            w.step(Duration::from_secs(120), &between(Level::Full, Level::ControlPlane)).await;
+            assert_eq!(k3s.get(), Level::ControlPlane, "stepped once the lock was free");
+        });
+    }
+
     /// An actuator whose level the test changes behind the watcher's back, and a Node
     /// labelled `control-plane`.
     fn backend(level: Level) -> (Backend, Rc<std::cell::Cell<Level>>) {
@@ -594,14 +775,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::ControlPlane, None);
-        let (backend, _) = backend_with(Level::Full, FakeCluster::labelled(Ok(Some(Level::ControlPlane))));
+        let (backend, k3s) = backend_with(Level::Full, FakeCluster::labelled(Ok(Some(Level::ControlPlane))));
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             assert_eq!((w.ticker.state.level, &w.pending), (Level::ControlPlane, &Pending::Nothing));
-            w.follow_hand_steps(Duration::from_secs(60));
-            assert_eq!(w.ticker.state.level, Level::ControlPlane, "the record did not change: nothing to follow");
-            record(&cfg, Level::EtcdOnly, None); // `regrade step down` by hand
-            w.follow_hand_steps(Duration::from_secs(120));
+            w.follow_hand_steps();
+            assert_eq!(w.pending, Pending::Nothing, "the record did not change: nothing to follow");
+            // `regrade step down` by hand: k3s restarted etcd-only, the record says so.
+            k3s.set(Level::EtcdOnly);
+            record(&cfg, Level::EtcdOnly, None);
+            w.follow_hand_steps();
+            assert_eq!(w.pending, Pending::Adopt, "decided again from the disk");
+            w.converge(Duration::from_secs(120)).await;
             assert_eq!(w.ticker.state.level, Level::EtcdOnly);
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(120)), "a hand step starts the cooldown");
         });
@@ -614,14 +799,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cfg, sampler) = fixture(dir.path());
         record(&cfg, Level::ControlPlane, None);
-        let (backend, _actuator_level) = backend(Level::ControlPlane);
+        let (backend, k3s) = backend(Level::ControlPlane);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             let started = Instant::now();
             w.run_until(async {
                 tokio::time::sleep(Duration::from_secs(30)).await;
-                record(&cfg, Level::EtcdOnly, None); // `regrade step down` by hand
+                k3s.set(Level::EtcdOnly); // `regrade step down` by hand
+                record(&cfg, Level::EtcdOnly, None);
                 tokio::time::sleep(Duration::from_secs(45)).await;
             })
             .await
