@@ -73,6 +73,19 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The daemon loop over a given backend until `shutdown`, as `run` runs it: for the
+/// deterministic simulator (tests/simulator.rs), which gives each simulated server its
+/// own files and a simulated cluster, etcd and k3s.
+#[cfg(any(test, feature = "testing"))]
+pub async fn run_with(
+    cfg: &Config,
+    backend: Backend,
+    sampler: Sampler,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    Watcher::new(cfg, backend, sampler, Mode::Act).await?.run_until(shutdown).await
+}
+
 struct Watcher<'a> {
     cfg: &'a Config,
     backend: Backend,
