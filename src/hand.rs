@@ -36,10 +36,35 @@ pub enum StepTarget {
 pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let mut signals = Signals::new()?;
+        let out = Out { quiet: false };
         // Held to the end: while it runs, `watch` on this server neither steps nor
         // judges the record; killed, the kernel lets go and `watch` finishes the step.
-        let _lock = wait_for_the_step_lock(cfg, &mut signals).await?;
-        let Backend { mut actuator, cluster, etcd } = backend::real(cfg).await?;
+        let _lock = wait_for_the_step_lock(cfg, &mut signals, out).await?;
+        let backend = backend::real(cfg).await?;
+        hand_steps(cfg, backend, target, &mut signals, out).await
+    })
+}
+
+/// `step_by_hand` over a given backend, printing nothing: for the deterministic
+/// simulator (tests/simulator.rs).
+#[cfg(any(test, feature = "testing"))]
+pub async fn step_by_hand_with(cfg: &Config, backend: Backend, target: StepTarget) -> anyhow::Result<ExitCode> {
+    let mut signals = Signals::new()?;
+    let out = Out { quiet: true };
+    let _lock = wait_for_the_step_lock(cfg, &mut signals, out).await?;
+    hand_steps(cfg, backend, target, &mut signals, out).await
+}
+
+/// What a hand step does once it holds the step lock.
+async fn hand_steps(
+    cfg: &Config,
+    backend: Backend,
+    target: StepTarget,
+    signals: &mut Signals,
+    out: Out,
+) -> anyhow::Result<ExitCode> {
+    {
+        let Backend { mut actuator, cluster, etcd } = backend;
         let levels = actuator.levels().to_vec();
         let marks = level_keeper::read_marks(cluster.as_ref()).await;
         let st = level_keeper::start(cfg, actuator.as_mut(), marks).await?;
@@ -53,10 +78,10 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 }
             }
             Pending::Resume(step) => {
-                say(format_args!("finishing the interrupted step {} -> {} ...", step.from, step.to));
+                out.say(format_args!("finishing the interrupted step {} -> {} ...", step.from, step.to));
                 let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
-                match finish_despite_signals(fut, &mut signals, &mut interrupted).await {
-                    Outcome::Done => say(format_args!("now at {}", step.to)),
+                match finish_despite_signals(fut, signals, &mut interrupted).await {
+                    Outcome::Done => out.say(format_args!("now at {}", step.to)),
                     Outcome::Refused(r) => {
                         anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
                     }
@@ -77,7 +102,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
             let step = match next_hand_step(current, target, &levels)? {
                 Some(step) => step,
                 None => {
-                    say(format_args!("at {current}"));
+                    out.say(format_args!("at {current}"));
                     return Ok(ExitCode::SUCCESS);
                 }
             };
@@ -85,24 +110,24 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 anyhow::bail!("interrupted: stopped at {current}, before the step to {}", step.to);
             }
             if lease_wait.is_none() {
-                say(format_args!("{} {} -> {} ...", step.direction.action(), step.from, step.to));
+                out.say(format_args!("{} {} -> {} ...", step.direction.action(), step.from, step.to));
             }
             let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
-            let outcome = finish_despite_signals(fut, &mut signals, &mut interrupted).await;
+            let outcome = finish_despite_signals(fut, signals, &mut interrupted).await;
             if keeper.marks_unsure.replace(false) {
                 if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {
                     tracing::warn!(error = %format!("{e:#}"), "could not put the Node's marks right; `regrade watch` will");
                 }
             }
             match outcome {
-                Outcome::Done => say(format_args!("now at {}", step.to)),
+                Outcome::Done => out.say(format_args!("now at {}", step.to)),
                 Outcome::Refused(r)
                     if r.kind == RefusalKind::LeaseHeld
                         && !interrupted
                         && lease_wait.is_none_or(|until| tokio::time::Instant::now() < until) =>
                 {
                     if lease_wait.is_none() {
-                        say(format_args!(
+                        out.say(format_args!(
                             "{r}; watching it for up to {} (a holder that stopped renewing it is taken over)",
                             crate::units::format_duration(patience)
                         ));
@@ -127,7 +152,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
                 return Ok(ExitCode::SUCCESS);
             }
         }
-    })
+    }
 }
 
 /// The signals a hand step outlives: SIGTERM and SIGINT, and SIGHUP (the SSH session
@@ -157,22 +182,36 @@ impl Signals {
     }
 }
 
-/// Says `msg` on stdout. A terminal that went away (SIGHUP, a dropped SSH session)
-/// must not end the step half-way, as `println!` would by panicking.
-fn say(msg: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stdout(), "{msg}");
+/// Where a hand step says what it does: stdout, or nowhere (the simulator).
+#[derive(Clone, Copy)]
+struct Out {
+    quiet: bool,
+}
+
+impl Out {
+    /// Says `msg` on stdout. A terminal that went away (SIGHUP, a dropped SSH session)
+    /// must not end the step half-way, as `println!` would by panicking.
+    fn say(self, msg: std::fmt::Arguments<'_>) {
+        use std::io::Write;
+        if !self.quiet {
+            let _ = writeln!(std::io::stdout(), "{msg}");
+        }
+    }
 }
 
 /// Waits until no other regrade process steps this server (`watch` in a step, or
 /// another hand step), saying so once; a signal meanwhile stops the wait.
-async fn wait_for_the_step_lock(cfg: &Config, signals: &mut Signals) -> anyhow::Result<level_keeper::StepLock> {
+async fn wait_for_the_step_lock(
+    cfg: &Config,
+    signals: &mut Signals,
+    out: Out,
+) -> anyhow::Result<level_keeper::StepLock> {
     let mut said = false;
     loop {
         match level_keeper::StepLock::try_take(&cfg.level_record)? {
             Ok(lock) => return Ok(lock),
             Err(busy) if !said => {
-                say(format_args!("{busy}; waiting for it to finish"));
+                out.say(format_args!("{busy}; waiting for it to finish"));
                 tracing::info!(lock = %busy.path.display(), pid = ?busy.pid, "waiting for the step lock");
                 said = true;
             }

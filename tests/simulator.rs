@@ -40,6 +40,7 @@ use regrade::backend::Backend;
 use regrade::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
 use regrade::config::Config;
 use regrade::decide::{Direction, Step};
+use regrade::hand::StepTarget;
 use regrade::etcd::restart::MemberState;
 use regrade::etcd::RestartGate;
 use regrade::level::Level;
@@ -391,6 +392,16 @@ struct Server {
     dir: PathBuf,
     cfg: Rc<Config>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// A `regrade step` under way on this server.
+    hand: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn backend(i: usize, w: &Shared) -> Backend {
+    Backend {
+        actuator: Box::new(SimK3s { me: i, w: w.clone() }),
+        cluster: Box::new(SimCluster { me: i, w: w.clone() }),
+        etcd: Box::new(SimGate { me: i, w: w.clone() }),
+    }
 }
 
 impl Server {
@@ -401,7 +412,7 @@ impl Server {
         std::fs::write(dir.join("meminfo"), "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n").unwrap();
         let cfg = Config::parse(&format!(
             "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\n\
-             mem_available_floor = \"none\"\nsample_period = \"5s\"\nsustain = \"15s\"\ncooldown = \"30s\"\n\
+             mem_available_floor = \"none\"\nsample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
              [levels]\nstep_timeout = \"3m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
              [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n",
             dir.join("state.json"),
@@ -410,15 +421,33 @@ impl Server {
             dir.join("meminfo"),
         ))
         .unwrap();
-        Server { dir, cfg: Rc::new(cfg), task: None }
+        Server { dir, cfg: Rc::new(cfg), task: None, hand: None }
+    }
+
+    /// `regrade step` as an operator runs it; its end goes into the trace.
+    fn hand_step(&mut self, i: usize, w: &Shared, target: StepTarget) {
+        let (backend, cfg, w) = (backend(i, w), self.cfg.clone(), w.clone());
+        self.hand = Some(tokio::task::spawn_local(async move {
+            let end = match regrade::hand::step_by_hand_with(&cfg, backend, target).await {
+                Ok(_) => "ended".to_string(),
+                Err(e) => format!("failed: {e:#}"),
+            };
+            w.borrow_mut().say(format!("server{i} hand step {target:?} {end}"));
+        }));
+    }
+
+    fn hand_running(&self) -> bool {
+        self.hand.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    fn kill_hand(&mut self) {
+        if let Some(t) = self.hand.take() {
+            t.abort();
+        }
     }
 
     fn start(&mut self, i: usize, w: &Shared) {
-        let backend = Backend {
-            actuator: Box::new(SimK3s { me: i, w: w.clone() }),
-            cluster: Box::new(SimCluster { me: i, w: w.clone() }),
-            etcd: Box::new(SimGate { me: i, w: w.clone() }),
-        };
+        let backend = backend(i, w);
         let cfg = self.cfg.clone();
         let w = w.clone();
         self.task = Some(tokio::task::spawn_local(async move {
@@ -465,7 +494,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
     for (i, srv) in s.iter_mut().enumerate() {
         srv.start(i, &w);
     }
-    let faults_until = Duration::from_secs(360);
+    let faults_until = Duration::from_secs(480);
     let mut boots: Vec<Option<Instant>> = vec![None; servers];
     while w.borrow().start.elapsed() < faults_until {
         let gap = w.borrow_mut().rng.secs(2, 30);
@@ -486,36 +515,52 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         };
         let mut wb = w.borrow_mut();
         match kind {
-            0..=39 => {
+            0..=34 => {
                 let over = wb.rng.below(2) == 0;
                 wb.say(format!("server{i} memory {}", if over { "over" } else { "calm" }));
                 std::fs::write(s[i].dir.join("psi"), if over { OVER } else { CALM }).unwrap();
             }
-            40..=59 if boots[i].is_none() => {
+            35..=49 if boots[i].is_none() => {
                 let back = wb.rng.secs(0, 20);
                 wb.say(format!("server{i} watch SIGKILLed, back in {back:?}"));
                 s[i].kill();
                 boots[i] = Some(Instant::now() + back);
             }
-            60..=69 => {
+            50..=59 => {
                 let dead = !wb.dead[i];
                 wb.say(format!("server{i} etcd member {}", if dead { "dies" } else { "is back" }));
                 wb.dead[i] = dead;
             }
-            70..=74 => {
+            60..=64 => {
                 let lag = !wb.lagging[i];
                 wb.say(format!("server{i} etcd member {}", if lag { "lags" } else { "caught up" }));
                 wb.lagging[i] = lag;
             }
-            75..=84 => {
+            65..=74 => {
                 wb.api_down = !wb.api_down;
                 let now = if wb.api_down { "down" } else { "up" };
                 wb.say(format!("the API is {now}"));
             }
-            85..=89 if boots[i].is_none() => {
+            80..=89 if boots[i].is_none() && !s[i].hand_running() => {
+                let target = match wb.rng.below(4) {
+                    0 => StepTarget::Down,
+                    1 => StepTarget::Up,
+                    _ => StepTarget::To { level: Level::Full },
+                };
+                wb.say(format!("server{i} regrade step {target:?} by hand"));
+                drop(wb);
+                s[i].hand_step(i, &w, target);
+                continue;
+            }
+            90..=94 if s[i].hand_running() => {
+                wb.say(format!("server{i} hand step SIGKILLed"));
+                s[i].kill_hand();
+            }
+            75..=79 if boots[i].is_none() => {
                 let took = wb.rng.secs(10, 40);
                 wb.say(format!("server{i} reboots ({took:?}): k3s starts from its drop-in"));
                 s[i].kill();
+                s[i].kill_hand();
                 let dropin = wb.dropin[i];
                 wb.running[i] = dropin;
                 wb.restarting_until[i] = Some(Instant::now() + took);
@@ -572,6 +617,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
     }
     for srv in &mut s {
         srv.kill();
+        srv.kill_hand();
     }
     let mut wb = w.borrow_mut();
     Outcome { trace: std::mem::take(&mut wb.trace), violations: std::mem::take(&mut wb.violations) }
@@ -601,34 +647,67 @@ fn shm() -> PathBuf {
     }
 }
 
+/// What one thread found over its share of the seeds: its first failure, and counts.
+#[derive(Default)]
+struct Tally {
+    failed: Option<(u64, usize, Outcome)>,
+    events: usize,
+    steps: usize,
+}
+
+fn servers_for(seed: u64) -> usize {
+    // Odd seeds: 5 servers; even: 3.
+    if seed % 2 == 1 {
+        5
+    } else {
+        3
+    }
+}
+
 #[test]
 fn the_promise_holds_on_every_seed() {
     let single = std::env::var("REGRADE_SIM_SEED").ok().map(|s| s.parse::<u64>().unwrap());
     let n: u64 = std::env::var("REGRADE_SIM_SEEDS").ok().map_or(300, |s| s.parse().unwrap());
-    let seeds: Vec<u64> = single.map_or_else(|| (0..n).collect(), |s| vec![s]);
     let started = std::time::Instant::now();
-    let (mut events, mut steps) = (0usize, 0usize);
-    for &seed in &seeds {
-        // Odd seeds: 5 servers; even: 3.
-        let servers = if seed % 2 == 1 { 5 } else { 3 };
-        let w = one(seed, servers);
-        events += w.trace.len();
-        steps += w.trace.iter().filter(|l| l.contains("step done")).count();
-        if single.is_some() {
-            w.trace.iter().for_each(|l| println!("{l}"));
-        }
-        if !w.violations.is_empty() {
-            let tail = w.trace.len().saturating_sub(120);
-            w.trace[tail..].iter().for_each(|l| eprintln!("{l}"));
-            panic!(
-                "seed {seed} ({servers} servers): {}\nreplay: REGRADE_SIM_SEED={seed} cargo test --test simulator -- --nocapture",
-                w.violations.join("\n")
-            );
-        }
+    if let Some(seed) = single {
+        let w = one(seed, servers_for(seed));
+        w.trace.iter().for_each(|l| println!("{l}"));
+        assert!(w.violations.is_empty(), "seed {seed}: {}", w.violations.join("\n"));
+        return;
     }
+    // Seeds are independent: one thread per core, each with its own runtime.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let tallies: Vec<Tally> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut tally = Tally::default();
+                    for seed in (t..n).step_by(threads as usize) {
+                        let w = one(seed, servers_for(seed));
+                        tally.events += w.trace.len();
+                        tally.steps += w.trace.iter().filter(|l| l.contains("step done")).count();
+                        if !w.violations.is_empty() {
+                            tally.failed = Some((seed, servers_for(seed), w));
+                            break;
+                        }
+                    }
+                    tally
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (events, steps) = tallies.iter().fold((0, 0), |(e, s), t| (e + t.events, s + t.steps));
     eprintln!(
-        "simulator: {} seeds, {events} events, {steps} steps done, in {:.1}s",
-        seeds.len(),
+        "simulator: {n} seeds on {threads} threads, {events} events, {steps} steps done, in {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    if let Some((seed, servers, w)) = tallies.into_iter().filter_map(|t| t.failed).min_by_key(|f| f.0) {
+        let tail = w.trace.len().saturating_sub(120);
+        w.trace[tail..].iter().for_each(|l| eprintln!("{l}"));
+        panic!(
+            "seed {seed} ({servers} servers): {}\nreplay: REGRADE_SIM_SEED={seed} cargo test --test simulator -- --nocapture",
+            w.violations.join("\n")
+        );
+    }
 }
