@@ -21,7 +21,9 @@
 //! server's own fixture PSI file, rewritten at random moments.
 //!
 //! Checked after every event: **quorum** (no restart requested by regrade while another
-//! member is down), **one step** (no two servers' members down for regrade at once),
+//! member is down; a member already down restarting back costs no vote),
+//! **one step** (no two servers' members down for regrade at once, and no step of more
+//! than one level),
 //! **forward only** (within a step the recorded phase never moves back), and once the
 //! faults stop and memory is calm: **one truth and liveness** (within 15 min every
 //! server is at `full`: record, drop-in, k3s's flags and Node label agree).
@@ -339,7 +341,15 @@ impl Actuator for SimK3s {
         Ok(self.w.borrow().running[self.me])
     }
     async fn apply_level(&mut self, to: Level, r: &dyn NodeReadiness) -> anyhow::Result<()> {
-        let running = self.w.borrow().running[self.me];
+        {
+            // One level per step: from the level this server's file is at.
+            let mut w = self.w.borrow_mut();
+            let at = w.dropin[self.me];
+            if at.index_in(&Level::ALL).unwrap().abs_diff(to.index_in(&Level::ALL).unwrap()) > 1 {
+                w.violate(format!("one step: server{} asked to go from {at} to {to}, two levels", self.me));
+            }
+        }
+        let (running, before) = (self.w.borrow().running[self.me], self.w.borrow().dropin[self.me]);
         let restart = self.w.borrow().levels.needs_restart(running, to);
         if restart {
             r.may_restart().await?;
@@ -353,9 +363,9 @@ impl Actuator for SimK3s {
             if let Err(e) = self.healthy().await {
                 // As the systemd actuator: the previous file back, and a restart into it.
                 r.progress(Phase::Restoring);
-                self.w.borrow_mut().dropin[self.me] = running;
-                self.restart(running);
-                return Err(e.context(format!("restored {running}'s file and restarted into it")));
+                self.w.borrow_mut().dropin[self.me] = before;
+                self.restart(before);
+                return Err(e.context(format!("restored {before}'s file and restarted into it")));
             }
         }
         Ok(())
