@@ -102,6 +102,7 @@ impl Config {
         let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
         cfg.validate()?;
         cfg.levels.spell_out();
+        cfg.pressure.resolve_psi_source();
         Ok(cfg)
     }
 

@@ -1,9 +1,12 @@
-//! Reading memory pressure: the PSI file and MemAvailable (docs/behaviour.md,
-//! "Pressure"), and `[pressure]`, the section that configures it and the core.
+//! Reading memory pressure: the PSI file and the memory available — MemAvailable, or a
+//! memory cgroup's own figure with `pressure.memory_cgroup` (docs/behaviour.md,
+//! "Pressure") — and `[pressure]`, the section that configures it and the core.
 //!
-//! Both files stay open for the life of the sampler and are re-read with `pread` into
+//! Every file stays open for the life of the sampler and is re-read with `pread` into
 //! fixed buffers, so a sample opens nothing and allocates nothing: on a host that is
-//! thrashing, the watcher must not need memory to notice it.
+//! thrashing, the watcher must not need memory to notice it. Only a read that fails
+//! (a cgroup removed and made again, as systemd does on a unit's restart) opens the
+//! file again, once, by its path.
 
 use std::fs::File;
 use std::io;
@@ -66,6 +69,10 @@ pub struct PressureConfig {
     pub source: PathBuf,
     /// The meminfo file, `/proc/meminfo` format.
     pub meminfo: PathBuf,
+    /// A memory cgroup (v1 or v2) whose own available memory (limit − usage +
+    /// inactive file pages) is used instead of MemAvailable; on v2 its
+    /// `memory.pressure` is also the PSI source unless `source` names another file.
+    pub memory_cgroup: Option<PathBuf>,
 }
 
 impl Default for PressureConfig {
@@ -78,11 +85,15 @@ impl Default for PressureConfig {
             sample_period: HumanDuration(Duration::from_secs(5)),
             sustain: HumanDuration(Duration::from_secs(60)),
             cooldown: HumanDuration(Duration::from_secs(300)),
-            source: PathBuf::from("/proc/pressure/memory"),
+            source: PathBuf::from(PROC_PSI),
             meminfo: PathBuf::from("/proc/meminfo"),
+            memory_cgroup: None,
         }
     }
 }
+
+/// The default of `pressure.source`.
+pub const PROC_PSI: &str = "/proc/pressure/memory";
 
 impl PressureConfig {
     /// The lines deciding reads: the `full` line only for a `full_*` metric,
@@ -97,8 +108,26 @@ impl PressureConfig {
         self.calm_threshold.unwrap_or(self.threshold)
     }
 
+    /// With `memory_cgroup` on cgroup v2 (the directory has a `memory.pressure`) and
+    /// `source` left at `/proc/pressure/memory`, the PSI source becomes that cgroup's
+    /// `memory.pressure`: stalls of the cgroup's tasks, which is what its limit causes.
+    /// Called once, when the configuration is read.
+    pub fn resolve_psi_source(&mut self) {
+        if let Some(cg) = &self.memory_cgroup {
+            let cg_psi = cg.join("memory.pressure");
+            if self.source == Path::new(PROC_PSI) && cg_psi.is_file() {
+                self.source = cg_psi;
+            }
+        }
+    }
+
     /// Rejects values no server could run with, naming the key as `pressure.key`.
     pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(cg) = &self.memory_cgroup {
+            if !cg.is_absolute() {
+                bail!("pressure.memory_cgroup = {:?} must be an absolute path (a cgroup directory)", cg.display());
+            }
+        }
         check_percent("pressure.threshold", self.threshold)?;
         if let Some(c) = self.calm_threshold {
             check_percent("pressure.calm_threshold", c)?;
@@ -155,6 +184,15 @@ pub enum SampleError {
         what: &'static str,
         key: &'static str,
     },
+    /// A file of `pressure.memory_cgroup` is missing, unreadable or does not parse.
+    /// When the sampler is opened this is fatal (it is returned by the constructor);
+    /// in a later sample it is not (the cgroup may be between a removal and its
+    /// making again), and the next sample opens the file again.
+    Cgroup {
+        path: PathBuf,
+        what: &'static str,
+        cause: Option<io::Error>,
+    },
 }
 
 impl std::fmt::Display for SampleError {
@@ -171,6 +209,13 @@ impl std::fmt::Display for SampleError {
             SampleError::Lacking { path, what, key } => {
                 write!(f, "{}: {what}, which {key} needs; change {key} or use a kernel that writes it", path.display())
             }
+            SampleError::Cgroup { path, what, cause } => {
+                write!(f, "pressure.memory_cgroup: {}: {what}", path.display())?;
+                match cause {
+                    Some(c) => write!(f, ": {c}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -184,21 +229,33 @@ impl SampleError {
 }
 
 /// Something to `pread` from: a `File`, or a test's injected reader.
-pub trait ReadAt {
+pub trait ReadAt: Sized {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// Opens `path` again after a read failed. Only a `File` can.
+    fn reopen(_path: &Path) -> io::Result<Self> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         FileExt::read_at(self, buf, offset)
     }
+
+    fn reopen(path: &Path) -> io::Result<Self> {
+        File::open(path)
+    }
 }
 
 /// The PSI line is about 60 bytes, two lines 120: 256 is ample.
 const PSI_BUF: usize = 256;
 /// MemAvailable is the third line of /proc/meminfo, but fixture files and other
-/// kernels may order differently; the whole file is about 1.5 KiB.
+/// kernels may order differently; the whole file is about 1.5 KiB. The same buffer
+/// holds a cgroup's `memory.stat` (v1 about 1 KiB, v2 about 1.5 KiB on Linux 6.1).
 const MEMINFO_BUF: usize = 8192;
+/// `memory.limit_in_bytes`, `memory.max` and the usage files: one number or `max`.
+const NUMBER_BUF: usize = 32;
 
 /// Which lines a sample needs: only these must be in the files.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -218,12 +275,180 @@ impl Needs {
 /// `simulate` uses for a trace without the column.
 pub const MEM_AVAILABLE_UNKNOWN: u64 = u64::MAX;
 
+/// Which cgroup interface `pressure.memory_cgroup` is, and so which files it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl CgroupVersion {
+    /// The limit, the usage, and the `memory.stat` key of the inactive file pages.
+    fn files(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            // `total_`: the cgroup and its descendants, as the usage counts them.
+            CgroupVersion::V1 => ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+            // v2's memory.stat is hierarchical already.
+            CgroupVersion::V2 => ("memory.max", "memory.current", "inactive_file"),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
+}
+
+/// The open files of `pressure.memory_cgroup`.
+///
+/// Available = limit − (usage − inactive file pages): the limit less the cgroup's
+/// working set, which is the figure the kubelet evicts by (its `memory.available`
+/// for a cgroup) and `docker stats` shows. Active file pages are **not** counted as
+/// available: under a limit, a thrashing workload's own file pages (its binary, an
+/// mmap'ed file) are the active ones, refaulted as fast as they are reclaimed, so
+/// counting them would keep the figure high exactly while the cgroup thrashes. The
+/// kernel's MemAvailable counts part of them; here the figure errs low, towards
+/// stepping down. A limit above MemTotal (v1's "unlimited", v2's `max`) is MemTotal,
+/// read from `pressure.meminfo` when the sampler is opened.
+struct Cgroup<R> {
+    version: CgroupVersion,
+    dir: PathBuf,
+    limit: R,
+    usage: R,
+    stat: R,
+    mem_total: u64,
+    num_buf: [u8; NUMBER_BUF],
+}
+
+impl<R: ReadAt> Cgroup<R> {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The cgroup's available memory, in bytes. Allocates only on failure.
+    fn available(&mut self, stat_buf: &mut [u8]) -> Result<u64, SampleError> {
+        let (limit_name, usage_name, inactive_key) = self.version.files();
+        let limit = match read_number(&mut self.limit, &self.dir, limit_name, &mut self.num_buf)? {
+            Number::Max => self.mem_total,
+            Number::Value(v) => v.min(self.mem_total),
+        };
+        let usage = match read_number(&mut self.usage, &self.dir, usage_name, &mut self.num_buf)? {
+            Number::Value(v) => v,
+            Number::Max => return Err(self.malformed(usage_name, "\"max\" where a usage in bytes was expected")),
+        };
+        let n = read_reopening(&mut self.stat, &self.dir, "memory.stat", stat_buf).map_err(|cause| {
+            SampleError::Cgroup { path: self.path("memory.stat"), what: "reading", cause: Some(cause) }
+        })?;
+        let inactive = match parse_stat(&stat_buf[..n], inactive_key.as_bytes()) {
+            Ok(v) => v,
+            Err(StatError::Missing) => {
+                let what = match self.version {
+                    CgroupVersion::V1 => "no total_inactive_file line",
+                    CgroupVersion::V2 => "no inactive_file line",
+                };
+                return Err(self.malformed("memory.stat", what));
+            }
+            Err(StatError::NotANumber) => {
+                return Err(self.malformed("memory.stat", "an inactive_file that is not a whole number"))
+            }
+        };
+        Ok(limit.saturating_sub(usage.saturating_sub(inactive)))
+    }
+
+    fn malformed(&self, name: &str, what: &'static str) -> SampleError {
+        SampleError::Cgroup { path: self.path(name), what, cause: None }
+    }
+}
+
+enum Number {
+    Max,
+    Value(u64),
+}
+
+/// Reads a file holding one number (or `max`).
+fn read_number<R: ReadAt>(
+    r: &mut R,
+    dir: &Path,
+    name: &str,
+    buf: &mut [u8; NUMBER_BUF],
+) -> Result<Number, SampleError> {
+    let n = read_reopening(r, dir, name, buf).map_err(|cause| SampleError::Cgroup {
+        path: dir.join(name),
+        what: "reading",
+        cause: Some(cause),
+    })?;
+    parse_number(&buf[..n]).ok_or_else(|| SampleError::Cgroup {
+        path: dir.join(name),
+        what: "not a whole number of bytes (nor \"max\")",
+        cause: None,
+    })
+}
+
+/// Reads `r` whole; after a failed read, opens `dir/name` again once and retries (a
+/// cgroup's files stop reading, ENODEV, once it is removed, and a new one may stand
+/// at the same path). Allocates only on that failure.
+fn read_reopening<R: ReadAt>(r: &mut R, dir: &Path, name: &str, buf: &mut [u8]) -> io::Result<usize> {
+    match read_whole(r, buf) {
+        Err(e) if !is_unsupported(&e) => match R::reopen(&dir.join(name)) {
+            Ok(fresh) => {
+                *r = fresh;
+                read_whole(r, buf)
+            }
+            Err(_) => Err(e),
+        },
+        other => other,
+    }
+}
+
+/// One number with an optional newline, or `max` (cgroup v2's "no limit").
+fn parse_number(text: &[u8]) -> Option<Number> {
+    let text = text.strip_suffix(b"\n").unwrap_or(text);
+    if text == b"max" {
+        return Some(Number::Max);
+    }
+    parse_whole(text).map(Number::Value)
+}
+
+fn parse_whole(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(v)
+}
+
+#[derive(Debug, PartialEq)]
+enum StatError {
+    Missing,
+    NotANumber,
+}
+
+/// The value of `key` in a `memory.stat` (`key value` lines).
+fn parse_stat(text: &[u8], key: &[u8]) -> Result<u64, StatError> {
+    for line in text.split(|&b| b == b'\n') {
+        let Some(rest) = line.strip_prefix(key) else { continue };
+        let Some(value) = rest.strip_prefix(b" ") else { continue };
+        return parse_whole(value).ok_or(StatError::NotANumber);
+    }
+    Err(StatError::Missing)
+}
+
 pub struct Sampler<R: ReadAt = File> {
     needs: Needs,
     psi_path: PathBuf,
     meminfo_path: PathBuf,
     psi: R,
     meminfo: R,
+    /// `pressure.memory_cgroup`: read instead of MemAvailable.
+    cgroup: Option<Cgroup<R>>,
     psi_buf: [u8; PSI_BUF],
     meminfo_buf: Box<[u8; MEMINFO_BUF]>,
 }
@@ -242,6 +467,63 @@ impl Sampler<File> {
             File::open(meminfo).map_err(|cause| SampleError::Io { path: meminfo.to_path_buf(), cause })?;
         Ok(Sampler::with_readers(psi, meminfo, psi_file, meminfo_file))
     }
+
+    /// Opens what `[pressure]` names: the PSI file (`source`, which on cgroup v2 is
+    /// already the cgroup's `memory.pressure`, see
+    /// [`PressureConfig::resolve_psi_source`]), and `meminfo` or `memory_cgroup`.
+    /// Requires the lines the configuration needs ([`PressureConfig::needs`]).
+    pub fn for_config(p: &PressureConfig) -> Result<Self, SampleError> {
+        let s = Sampler::open(&p.source, &p.meminfo)?.needing(p.needs());
+        match &p.memory_cgroup {
+            Some(cg) => s.with_cgroup(cg),
+            None => Ok(s),
+        }
+    }
+
+    /// Reads available memory from the memory cgroup `dir` (v1 or v2, told apart by
+    /// its files) instead of MemAvailable. Each file is opened and read once here, so
+    /// a wrong path or an unreadable file is an error now, naming
+    /// `pressure.memory_cgroup` and the file.
+    pub fn with_cgroup(mut self, dir: &Path) -> Result<Self, SampleError> {
+        let err = |name: &str, what: &'static str, cause: Option<io::Error>| SampleError::Cgroup {
+            path: dir.join(name),
+            what,
+            cause,
+        };
+        let version = if dir.join("memory.limit_in_bytes").exists() {
+            CgroupVersion::V1
+        } else if dir.join("memory.max").exists() {
+            CgroupVersion::V2
+        } else if dir.join("memory.current").exists() {
+            return Err(err(
+                "memory.max",
+                "missing: the root of a cgroup v2 hierarchy has no limit; leave pressure.memory_cgroup unset to read \
+                 MemAvailable",
+                None,
+            ));
+        } else {
+            return Err(err(
+                "memory.limit_in_bytes",
+                "missing, and so is memory.max: not a memory cgroup (v1 needs the memory controller mounted, v2 \
+                 needs \"memory\" in the parent's cgroup.subtree_control)",
+                None,
+            ));
+        };
+        let (limit_name, usage_name, _) = version.files();
+        let open = |name: &str| File::open(dir.join(name)).map_err(|c| err(name, "cannot be opened", Some(c)));
+        let (limit, usage, stat) = (open(limit_name)?, open(usage_name)?, open("memory.stat")?);
+        let n = read_whole(&self.meminfo, &mut self.meminfo_buf[..])
+            .map_err(|cause| SampleError::Io { path: self.meminfo_path.clone(), cause })?;
+        let mem_total = parse_meminfo_kb(&self.meminfo_buf[..n], b"MemTotal:").map_err(|_| SampleError::Malformed {
+            path: self.meminfo_path.clone(),
+            what: "no MemTotal line in kB, which pressure.memory_cgroup needs to bound an unlimited cgroup",
+        })?;
+        let mut cg =
+            Cgroup { version, dir: dir.to_path_buf(), limit, usage, stat, mem_total, num_buf: [0; NUMBER_BUF] };
+        cg.available(&mut self.meminfo_buf[..])?;
+        self.cgroup = Some(cg);
+        Ok(self)
+    }
 }
 
 fn is_unsupported(e: &io::Error) -> bool {
@@ -256,6 +538,7 @@ impl<R: ReadAt> Sampler<R> {
             meminfo_path: meminfo_path.to_path_buf(),
             psi,
             meminfo,
+            cgroup: None,
             psi_buf: [0; PSI_BUF],
             meminfo_buf: Box::new([0; MEMINFO_BUF]),
         }
@@ -271,13 +554,41 @@ impl<R: ReadAt> Sampler<R> {
         &self.psi_path
     }
 
-    /// Reads both files once. Allocates nothing on success.
+    /// The cgroup read instead of MemAvailable, and its version.
+    pub fn cgroup(&self) -> Option<(&Path, CgroupVersion)> {
+        self.cgroup.as_ref().map(|c| (c.dir.as_path(), c.version))
+    }
+
+    /// In words, where the available memory comes from (`status`, `watch` at start).
+    pub fn memory_source(&self) -> String {
+        match &self.cgroup {
+            None => format!("MemAvailable of {}", self.meminfo_path.display()),
+            Some(c) => {
+                let (limit, usage, inactive) = c.version.files();
+                format!(
+                    "memory cgroup {} {}: {limit} - {usage} + {inactive} of memory.stat (limit at most MemTotal, {} MiB)",
+                    c.version.as_str(),
+                    c.dir.display(),
+                    c.mem_total >> 20
+                )
+            }
+        }
+    }
+
+    /// Reads the files once. Allocates nothing on success.
     pub fn sample(&mut self) -> Result<Sample, SampleError> {
-        let n = read_whole(&self.psi, &mut self.psi_buf).map_err(|cause| {
+        let n = read_whole(&self.psi, &mut self.psi_buf).or_else(|cause| {
             if is_unsupported(&cause) {
-                SampleError::PsiUnavailable { path: self.psi_path.clone(), cause }
-            } else {
-                SampleError::Io { path: self.psi_path.clone(), cause }
+                return Err(SampleError::PsiUnavailable { path: self.psi_path.clone(), cause });
+            }
+            // A cgroup's memory.pressure after the cgroup was made again.
+            match R::reopen(&self.psi_path) {
+                Ok(fresh) => {
+                    self.psi = fresh;
+                    read_whole(&self.psi, &mut self.psi_buf)
+                        .map_err(|cause| SampleError::Io { path: self.psi_path.clone(), cause })
+                }
+                Err(_) => Err(SampleError::Io { path: self.psi_path.clone(), cause }),
             }
         })?;
         let psi = match parse_psi_lines(&self.psi_buf[..n]) {
@@ -289,6 +600,10 @@ impl<R: ReadAt> Sampler<R> {
             }
             Err(what) => return Err(SampleError::Malformed { path: self.psi_path.clone(), what }),
         };
+        if let Some(cg) = &mut self.cgroup {
+            let mem_available = cg.available(&mut self.meminfo_buf[..])?;
+            return Ok(Sample { psi, mem_available });
+        }
         let n = read_whole(&self.meminfo, &mut self.meminfo_buf[..])
             .map_err(|cause| SampleError::Io { path: self.meminfo_path.clone(), cause })?;
         let mem_available = match parse_mem_available(&self.meminfo_buf[..n]) {
@@ -420,8 +735,13 @@ fn parse_decimal(s: &[u8]) -> Option<f64> {
 
 /// Finds `MemAvailable:   123456 kB` and returns bytes.
 pub fn parse_mem_available(text: &[u8]) -> Result<u64, &'static str> {
+    parse_meminfo_kb(text, b"MemAvailable:")
+}
+
+/// Finds the line starting with `key` (`MemAvailable:`, `MemTotal:`) and returns bytes.
+fn parse_meminfo_kb(text: &[u8], key: &[u8]) -> Result<u64, &'static str> {
     for line in text.split(|&b| b == b'\n') {
-        let Some(rest) = line.strip_prefix(b"MemAvailable:") else { continue };
+        let Some(rest) = line.strip_prefix(key) else { continue };
         let mut fields = rest.split(|&b| b == b' ' || b == b'\t').filter(|f| !f.is_empty());
         let num = fields.next().ok_or("MemAvailable has no value")?;
         let mut kb: u64 = 0;
@@ -589,6 +909,171 @@ mod tests {
         assert!(e.is_fatal(), "{e}");
         let msg = e.to_string();
         assert!(msg.contains("/proc/pressure/memory") && msg.contains("CONFIG_PSI") && msg.contains("psi=0"), "{msg}");
+    }
+
+    /// A cgroup directory as the kernel writes it, v1 or v2.
+    fn cgroup_fixture(v: CgroupVersion, limit: &str, usage: u64, inactive: u64, active: u64) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("psi"), PSI).unwrap();
+        std::fs::write(d.join("meminfo"), "MemTotal: 4194304 kB\nMemAvailable: 3000000 kB\n").unwrap();
+        let cg = d.join("cg");
+        std::fs::create_dir(&cg).unwrap();
+        match v {
+            CgroupVersion::V1 => {
+                std::fs::write(cg.join("memory.limit_in_bytes"), format!("{limit}\n")).unwrap();
+                std::fs::write(cg.join("memory.usage_in_bytes"), format!("{usage}\n")).unwrap();
+                // The cgroup's own lines first, then the hierarchical totals the usage counts.
+                std::fs::write(
+                    cg.join("memory.stat"),
+                    format!(
+                        "cache 1\nrss 2\ninactive_file 7\nactive_file 8\nhierarchical_memory_limit 9\n\
+                         total_cache 3\ntotal_rss 4\ntotal_inactive_anon 5\ntotal_active_anon 6\n\
+                         total_inactive_file {inactive}\ntotal_active_file {active}\ntotal_unevictable 0\n"
+                    ),
+                )
+                .unwrap();
+            }
+            CgroupVersion::V2 => {
+                std::fs::write(cg.join("memory.max"), format!("{limit}\n")).unwrap();
+                std::fs::write(cg.join("memory.current"), format!("{usage}\n")).unwrap();
+                std::fs::write(
+                    cg.join("memory.stat"),
+                    format!(
+                        "anon 1\nfile 2\nkernel 3\ninactive_anon 4\nactive_anon 5\ninactive_file {inactive}\n\
+                         active_file {active}\nunevictable 0\nworkingset_refault_file 0\n"
+                    ),
+                )
+                .unwrap();
+                std::fs::write(
+                    cg.join("memory.pressure"),
+                    "some avg10=55.00 avg60=1.00 avg300=0.00 total=9\nfull avg10=2.00 avg60=0.00 avg300=0.00 total=1\n",
+                )
+                .unwrap();
+            }
+        }
+        dir
+    }
+
+    fn cgroup_config(dir: &Path) -> PressureConfig {
+        let mut c = PressureConfig {
+            source: dir.join("psi"),
+            meminfo: dir.join("meminfo"),
+            memory_cgroup: Some(dir.join("cg")),
+            ..PressureConfig::default()
+        };
+        c.resolve_psi_source();
+        c
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_v1_cgroup_is_limit_less_usage_plus_inactive_file_pages() {
+        let dir = cgroup_fixture(CgroupVersion::V1, &(512 * MIB).to_string(), 400 * MIB, 50 * MIB, 30 * MIB);
+        let cfg = cgroup_config(dir.path());
+        // No memory.pressure on v1: the PSI stays the host's.
+        assert_eq!(cfg.source, dir.path().join("psi"));
+        let mut s = Sampler::for_config(&cfg).unwrap();
+        assert_eq!(s.cgroup().unwrap().1, CgroupVersion::V1);
+        // 512 - 400 + 50 (total_inactive_file; not total_active_file, not the cgroup's own 7).
+        assert_eq!(s.sample().unwrap().mem_available, 162 * MIB);
+        // The usage grows: the figure follows on the next sample from the open files.
+        std::fs::write(dir.path().join("cg/memory.usage_in_bytes"), format!("{}\n", 500 * MIB)).unwrap();
+        assert_eq!(s.sample().unwrap().mem_available, 62 * MIB);
+        assert!(s.memory_source().contains("memory.limit_in_bytes - memory.usage_in_bytes + total_inactive_file"));
+        // Usage above the limit (charged past it briefly) is 0, not an underflow.
+        std::fs::write(dir.path().join("cg/memory.usage_in_bytes"), format!("{}\n", 600 * MIB)).unwrap();
+        assert_eq!(s.sample().unwrap().mem_available, 0);
+    }
+
+    #[test]
+    fn an_unlimited_cgroup_is_bounded_by_mem_total() {
+        // v1's "unlimited" (PAGE_COUNTER_MAX pages) and v2's "max".
+        for (v, limit) in [(CgroupVersion::V1, "9223372036854771712"), (CgroupVersion::V2, "max")] {
+            let dir = cgroup_fixture(v, limit, 1024 * MIB, 100 * MIB, 0);
+            let mut s = Sampler::for_config(&cgroup_config(dir.path())).unwrap();
+            assert_eq!(s.sample().unwrap().mem_available, (4096 - 1024 + 100) * MIB, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn a_v2_cgroup_is_read_with_its_own_pressure_file() {
+        let dir = cgroup_fixture(CgroupVersion::V2, &(256 * MIB).to_string(), 200 * MIB, 16 * MIB, 64 * MIB);
+        // `source` left at its default: the cgroup's memory.pressure takes its place.
+        let mut cfg = PressureConfig { source: PathBuf::from(PROC_PSI), ..cgroup_config(dir.path()) };
+        cfg.resolve_psi_source();
+        assert_eq!(cfg.source, dir.path().join("cg/memory.pressure"), "the cgroup's PSI is the source");
+        let mut s = Sampler::for_config(&cfg).unwrap();
+        assert_eq!(s.cgroup().unwrap().1, CgroupVersion::V2);
+        let a = s.sample().unwrap();
+        assert_eq!((a.mem_available, a.psi.some[0]), (72 * MIB, 55.0));
+        // A source named explicitly is kept.
+        let mut explicit = cgroup_config(dir.path());
+        explicit.source = dir.path().join("psi");
+        explicit.resolve_psi_source();
+        assert_eq!(explicit.source, dir.path().join("psi"));
+    }
+
+    #[test]
+    fn a_missing_or_unparsable_cgroup_file_names_the_key_and_the_file() {
+        let dir = cgroup_fixture(CgroupVersion::V1, "1000", 10, 0, 0);
+        let cg = dir.path().join("cg");
+        let cfg = cgroup_config(dir.path());
+        let msg = |e: SampleError| e.to_string();
+        std::fs::remove_file(cg.join("memory.usage_in_bytes")).unwrap();
+        let e = msg(Sampler::for_config(&cfg).err().unwrap());
+        assert!(e.contains("pressure.memory_cgroup") && e.contains("memory.usage_in_bytes"), "{e}");
+        std::fs::write(cg.join("memory.usage_in_bytes"), "lots\n").unwrap();
+        let e = msg(Sampler::for_config(&cfg).err().unwrap());
+        assert!(e.contains("pressure.memory_cgroup") && e.contains("memory.usage_in_bytes: not a whole"), "{e}");
+        std::fs::write(cg.join("memory.usage_in_bytes"), "10\n").unwrap();
+        std::fs::write(cg.join("memory.stat"), "total_cache 1\n").unwrap();
+        let e = msg(Sampler::for_config(&cfg).err().unwrap());
+        assert!(e.contains("memory.stat: no total_inactive_file line"), "{e}");
+        // Not a memory cgroup at all.
+        let mut other = cfg.clone();
+        other.memory_cgroup = Some(dir.path().to_path_buf());
+        let e = msg(Sampler::for_config(&other).err().unwrap());
+        assert!(e.contains("pressure.memory_cgroup") && e.contains("not a memory cgroup"), "{e}");
+        // The root of a v2 hierarchy: usage but no limit.
+        std::fs::write(dir.path().join("memory.current"), "1\n").unwrap();
+        let e = msg(Sampler::for_config(&other).err().unwrap());
+        assert!(e.contains("memory.max") && e.contains("root"), "{e}");
+        // A relative path is refused by the configuration check.
+        other.memory_cgroup = Some(PathBuf::from("sys/fs/cgroup/k3s"));
+        let e = other.validate().unwrap_err().to_string();
+        assert!(e.contains("pressure.memory_cgroup") && e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn a_cgroup_made_again_is_opened_again() {
+        let dir = cgroup_fixture(CgroupVersion::V2, &(100 * MIB).to_string(), 50 * MIB, 0, 0);
+        let cg = dir.path().join("cg");
+        let mut s = Sampler::for_config(&cgroup_config(dir.path())).unwrap();
+        assert_eq!(s.sample().unwrap().mem_available, 50 * MIB);
+        // A regular file keeps reading after it is replaced; make the old one fail to
+        // read instead, as a removed cgroup's files do (ENODEV): a directory cannot be read.
+        let cg_gone = dir.path().join("cg-gone");
+        std::fs::rename(&cg, &cg_gone).unwrap();
+        std::fs::create_dir(&cg).unwrap();
+        for f in ["memory.max", "memory.current", "memory.stat", "memory.pressure"] {
+            std::fs::copy(cg_gone.join(f), cg.join(f)).unwrap();
+        }
+        std::fs::write(cg.join("memory.current"), format!("{}\n", 90 * MIB)).unwrap();
+        s.cgroup.as_mut().unwrap().usage = File::open(dir.path()).unwrap();
+        assert_eq!(s.sample().unwrap().mem_available, 10 * MIB, "the usage file was opened again by its path");
+    }
+
+    #[test]
+    fn reads_the_real_cgroup_when_present() {
+        let cg = Path::new("/sys/fs/cgroup/memory");
+        if !cg.join("memory.limit_in_bytes").exists() || !Path::new(PROC_PSI).exists() {
+            return;
+        }
+        let cfg = PressureConfig { memory_cgroup: Some(cg.to_path_buf()), ..PressureConfig::default() };
+        let a = Sampler::for_config(&cfg).unwrap().sample().unwrap();
+        assert!(a.mem_available > 0);
     }
 
     #[test]

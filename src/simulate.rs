@@ -215,7 +215,7 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
         Some(s) => crate::units::parse_duration(s).map_err(|e| anyhow::anyhow!("--interval: {e}"))?,
         None => cfg.pressure.sample_period.0,
     };
-    let mut sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?;
+    let mut sampler = Sampler::for_config(&cfg.pressure)?.needing(crate::pressure::Needs::ALL);
     let out = std::io::stdout();
     let mut out = out.lock();
     writeln!(out, "{}", COLUMNS.join(","))?;

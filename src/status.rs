@@ -26,6 +26,12 @@ pub struct Status {
     pub calm_threshold: f64,
     pub mem_available: u64,
     pub mem_available_floor: Option<u64>,
+    /// The PSI file read (`pressure.source`, or a cgroup v2's `memory.pressure`).
+    pub psi_source: String,
+    /// Where `mem_available` comes from: MemAvailable, or `pressure.memory_cgroup`.
+    pub memory_source: String,
+    /// `pressure.memory_cgroup` is set: `mem_available` is that cgroup's.
+    pub memory_cgroup: bool,
     pub reading: Reading,
     /// The six averages by name (`some_avg10` ... `full_avg300`).
     pub psi: Psi,
@@ -99,7 +105,10 @@ pub struct NextStep {
 }
 
 pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let sample = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs()).sample()?;
+    let mut sampler = Sampler::for_config(&cfg.pressure)?;
+    let sample = sampler.sample()?;
+    let (psi_source, memory_source) = (sampler.psi_path().display().to_string(), sampler.memory_source());
+    let memory_cgroup = sampler.cgroup().is_some();
     let settings = cfg.core_settings();
     let published = Published::read_live(&cfg.state_file);
     let status = runtime()?.block_on(async {
@@ -169,6 +178,9 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             calm_threshold: settings.calm_threshold,
             mem_available: sample.mem_available,
             mem_available_floor: settings.mem_available_floor,
+            psi_source,
+            memory_source,
+            memory_cgroup,
             reading: settings.classify(&sample),
             psi: sample.psi,
             step_up: settings.step_up,
@@ -231,7 +243,12 @@ pub fn render(s: &Status, now: f64) -> String {
         crate::pressure::MEM_AVAILABLE_UNKNOWN => "unknown (not in the file; no floor needs it)".to_string(),
         m => format!("{} MiB", m >> 20),
     };
-    o += &format!("MemAvailable:   {available} (floor {floor})\n");
+    if s.memory_cgroup {
+        o += &format!("available:      {available} (floor {floor}), of the memory cgroup\n");
+    } else {
+        o += &format!("MemAvailable:   {available} (floor {floor})\n");
+    }
+    o += &format!("read from:      PSI {}; {}\n", s.psi_source, s.memory_source);
     o += &format!("this sample:    {}\n", s.reading.as_str());
     o += &format!("step up:        {}\n", step_up_word(s.step_up));
     if !s.watch_running {

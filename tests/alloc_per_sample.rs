@@ -3,6 +3,8 @@
 //! the per-sample work (`Ticker::tick`: pread both files, parse, classify, update the
 //! core, STATUS and WATCHDOG to systemd, the metrics registry), with the metrics
 //! listener serving scrapes meanwhile, as `watch` does with `[metrics] listen` set.
+//! Then the same with `pressure.memory_cgroup` (a v1 and a v2 cgroup's files), whose
+//! sample reads three more files instead of /proc/meminfo.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -97,7 +99,7 @@ fn a_calm_sample_allocates_nothing() {
             }
         })
     };
-    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo).unwrap();
+    let sampler = Sampler::for_config(&cfg.pressure).unwrap();
     let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
     // Warm up: the first samples start the calm streak and publish the state file.
     for i in 0..3 {
@@ -123,4 +125,43 @@ fn a_calm_sample_allocates_nothing() {
     let n = sock.recv(&mut buf).unwrap();
     assert!(std::str::from_utf8(&buf[..n]).unwrap().starts_with("STATUS=level full"), "systemd was told nothing");
     assert_eq!(per_1000, 0, "{per_1000} allocations in 1000 calm samples");
+
+    for version in ["v1", "v2"] {
+        let per_1000 = cgroup_samples(dir.path(), version);
+        assert_eq!(per_1000, 0, "{per_1000} allocations in 1000 calm samples of a cgroup {version}");
+    }
+}
+
+/// 1000 calm ticks reading a memory cgroup's files (`version`: "v1" or "v2"); returns
+/// the allocations the last 1000 made.
+fn cgroup_samples(dir: &std::path::Path, version: &str) -> u64 {
+    let cg = dir.join(format!("cg-{version}"));
+    std::fs::create_dir(&cg).unwrap();
+    let (limit, usage, stat) = match version {
+        "v1" => ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache 1\ntotal_inactive_file 1048576\n"),
+        _ => ("memory.max", "memory.current", "anon 1\nfile 2\ninactive_file 1048576\nactive_file 9\n"),
+    };
+    std::fs::write(cg.join(limit), "4294967296\n").unwrap();
+    std::fs::write(cg.join(usage), "1073741824\n").unwrap();
+    std::fs::write(cg.join("memory.stat"), stat).unwrap();
+    let cfg = Config::parse(&format!(
+        "state_file = {:?}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\nmemory_cgroup = {cg:?}\n\
+         sample_period = \"1s\"\nsustain = \"1s\"\n",
+        dir.join(format!("state-{version}.json")),
+        dir.join("psi"),
+        dir.join("meminfo"),
+    ))
+    .unwrap();
+    let mut sampler = Sampler::for_config(&cfg.pressure).unwrap();
+    assert!(sampler.memory_source().contains(version), "{}", sampler.memory_source());
+    assert_eq!(sampler.sample().unwrap().mem_available, (3 << 30) + (1 << 20));
+    let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
+    for i in 0..3 {
+        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
+    }
+    let before = allocs();
+    for i in 3..1003 {
+        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
+    }
+    allocs() - before
 }

@@ -10,7 +10,8 @@
 # is plentiful, and its rate is whatever this run measures. Figures are per minute.
 #
 # Targets (issue 16), calm at `full`, outside systemd: regrade at most 1 wake-up a
-# minute, its CPU at most 0.1x earlyoom's, VmRSS at most 5 MiB. Printed as met or
+# minute, its CPU at most 0.1x earlyoom's, VmRSS at most 10 MiB (5 MiB until issue 26
+# locked the whole binary so that a step cannot fault: about 4 MiB more). Printed as met or
 # missed; nothing fails on them (a noisy 2-core machine must not flake CI), except
 # with REGRADE_BENCH_STRICT=1.
 #
@@ -110,8 +111,8 @@ awk -v wall0="$t0" -v wall1="$t1" -v rc="$rc" -v rs="$rs" -v ec="$ec" -v es="$es
   printf "%-30s %10.3f %10.1f %12.1f %9.2f %9.2f %9.2f\n", "earlyoom (Debian, measured)", ec/1e6*m, es*m, es ? ec/1e3/es : 0, erss/1024, ehwm/1024, elck/1024
   ratio = ec ? rc/ec : 0
   printf "regrade/earlyoom CPU: %.3fx; earlyoom woke %.2f times a second\n", ratio, es/wall
-  ok_w = rs*m <= 1; ok_c = ratio <= 0.1; ok_r = rrss <= 5*1024
-  printf "targets: wake-ups <= 1/min %s, CPU <= 0.1x earlyoom %s, VmRSS <= 5 MiB %s\n",
+  ok_w = rs*m <= 1; ok_c = ratio <= 0.1; ok_r = rrss <= 10*1024
+  printf "targets: wake-ups <= 1/min %s, CPU <= 0.1x earlyoom %s, VmRSS <= 10 MiB %s\n",
     ok_w ? "met" : "MISSED", ok_c ? "met" : "MISSED", ok_r ? "met" : "MISSED"
   if (strict == 1 && !(ok_w && ok_c && ok_r)) exit 1
 }'
