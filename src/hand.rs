@@ -83,7 +83,11 @@ async fn hand_steps(
                 match finish_despite_signals(fut, signals, &mut interrupted).await {
                     Outcome::Done => out.say(format_args!("now at {}", step.to)),
                     Outcome::Refused(r) => {
-                        anyhow::bail!("an interrupted step {} -> {} is to be finished first: refused: {r}", step.from, step.to)
+                        anyhow::bail!(
+                            "an interrupted step {} -> {} is to be finished first: refused: {r}",
+                            step.from,
+                            step.to
+                        )
                     }
                     Outcome::Failed { level, error } => {
                         anyhow::bail!("finishing the interrupted step failed, k3s is at {level}: {error:#}")

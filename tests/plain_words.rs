@@ -80,9 +80,9 @@ fn watch_dry_run_says_what_it_reads_and_logs_each_change_of_reading() {
     let start = log.lines().find(|l| l.contains("reading memory pressure from")).unwrap_or_else(|| panic!("{log}"));
     for what in [
         format!("from {}", d.join("psi").display()),
-        format!("MemAvailable from {}", d.join("meminfo").display()),
+        format!("available memory as MemAvailable of {}", d.join("meminfo").display()),
         "every 100ms".to_string(),
-        "over when some_avg10 >= 40% and MemAvailable below 1024 MiB".to_string(),
+        "over when some_avg10 >= 40% and available memory below 1024 MiB".to_string(),
     ] {
         assert!(start.contains(&what), "start line lacks {what:?}: {start}");
     }

@@ -42,7 +42,7 @@ pub enum Mode {
 
 pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     // Open the files first: no PSI means stop at once (docs/behaviour.md, "Pressure").
-    let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo)?.needing(cfg.pressure.needs());
+    let sampler = Sampler::for_config(&cfg.pressure)?;
     shed_start_up_code();
     runtime()?.block_on(async {
         if let Some(addr) = cfg.metrics.listen {
@@ -117,6 +117,7 @@ const LEVEL_CHECK_EVERY: Duration = Duration::from_secs(60);
 impl<'a> Watcher<'a> {
     async fn new(cfg: &'a Config, mut backend: Backend, sampler: Sampler, mode: Mode) -> anyhow::Result<Watcher<'a>> {
         let dry_run = mode == Mode::DryRun;
+        let memory = sampler.memory_source();
         let levels = backend.actuator.levels().to_vec();
         let (keeper, pending) = if dry_run {
             let level = backend.actuator.current_level().await.context("reading the current level")?;
@@ -180,7 +181,7 @@ impl<'a> Watcher<'a> {
             level = %level, dry_run, pacing = %pacer.mode(), trigger = %described,
             "regrade watch starting"
         );
-        say_what_is_read(cfg, mode);
+        say_what_is_read(cfg, mode, &memory);
         ticker.set_pacing(pacer.mode(), Some(&described));
         Ok(Watcher {
             cfg,
@@ -461,21 +462,20 @@ fn busy_refusal(busy: &level_keeper::Busy) -> crate::cluster::Refusal {
 }
 
 /// Says at start, in words, what `watch` reads, from where, and how it decides.
-fn say_what_is_read(cfg: &Config, mode: Mode) {
+fn say_what_is_read(cfg: &Config, mode: Mode, memory: &str) {
     let p = &cfg.pressure;
     let metric = p.metric.as_str();
     let (over, calm) = match p.mem_available_floor {
         Some(f) => (
-            format!("{metric} >= {}% and MemAvailable below {} MiB", p.threshold, f.0 >> 20),
-            format!("{metric} below {}% and MemAvailable at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
+            format!("{metric} >= {}% and available memory below {} MiB", p.threshold, f.0 >> 20),
+            format!("{metric} below {}% and available memory at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
         ),
         None => (format!("{metric} >= {}%", p.threshold), format!("{metric} below {}%", cfg.calm_threshold())),
     };
     tracing::info!(
-        "reading memory pressure from {} and MemAvailable from {} every {}: over when {over}, calm when {calm}; \
-         a step after {} of either, {} apart at least",
+        "reading memory pressure from {} and available memory as {memory} every {}: over when {over}, \
+         calm when {calm}; a step after {} of either, {} apart at least",
         p.source.display(),
-        p.meminfo.display(),
         crate::units::format_duration(p.sample_period.0),
         crate::units::format_duration(p.sustain.0),
         crate::units::format_duration(p.cooldown.0),
