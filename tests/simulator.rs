@@ -14,11 +14,13 @@
 //!   take 2–30 s, or a hang of 10 min;
 //! - the processes: `watch` SIGKILLed at a random moment (its future dropped where it
 //!   stands: files written so far stay, the step lock goes with it) and started again;
-//!   a reboot (k3s restarts from the drop-in, not asked by regrade).
+//!   `regrade step down|up|to full` by hand (`hand::step_by_hand_with`), some SIGKILLed
+//!   mid-step; a reboot (k3s restarts from the drop-in, not asked by regrade);
+//! - slow API calls (a mark now and then takes 5–40 s).
 //!
-//! Not simulated (yet): hand steps (`regrade step` builds its backend itself), drains
-//! and PDBs, raft lag, clock offsets, lost replies. Memory pressure comes from each
-//! server's own fixture PSI file, rewritten at random moments.
+//! Not simulated (yet): drains and PDBs, lost replies, clock offsets, a Lease renewal
+//! that lands late. Memory pressure comes from each server's own fixture PSI file,
+//! rewritten at random moments.
 //!
 //! Checked after every event: **quorum** (no restart requested by regrade while another
 //! member is down; a member already down restarting back costs no vote),
