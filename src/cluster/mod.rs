@@ -138,8 +138,18 @@ pub trait Cluster: NodeReadiness {
     /// Takes the Lease and checks the peers, for `step`. On refusal nothing is held.
     async fn acquire(&self, step: &Step) -> Result<(), Refusal>;
 
-    /// Renews the Lease while a step runs. Returns only when the Lease is lost.
+    /// Renews the Lease on its own timer for as long as it is held (from `acquire` to
+    /// `release`: the step polls it throughout), trying a failed renewal again
+    /// within seconds. Returns only when the Lease is lost to another holder.
     async fn hold(&self) -> anyhow::Error;
+
+    /// Until when the Lease is surely still ours, by this process's clock: the lease
+    /// duration less a margin after the last renewal that landed. The step stops
+    /// (rolled back) there, before another server could take the Lease over. `None`:
+    /// no such bound (not held, or a cluster without a Lease).
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        None
+    }
 
     /// Releases the Lease if still the holder.
     async fn release(&self);
@@ -353,6 +363,10 @@ impl Cluster for KubeCluster {
 
     async fn hold(&self) -> anyhow::Error {
         self.lease.hold(&self.endpoints).await
+    }
+
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        self.lease.safe_until()
     }
 
     async fn release(&self) {

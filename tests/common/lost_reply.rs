@@ -1,4 +1,5 @@
-//! A proxy in front of the rig's kube-apiserver that can lose replies: it terminates
+//! A proxy in front of the rig's kube-apiserver that can lose replies (and make the
+//! Lease's writes slow): it terminates
 //! TLS with the API server's own serving certificate (so regrade's checks of the CA
 //! and the name pass unchanged), forwards every request over a fresh TLS connection to
 //! the real API server, and sends the answers back — except, when armed, the answer
@@ -34,6 +35,11 @@ pub struct Knobs {
     pub swallowed: AtomicUsize,
     /// Every request swallowed until set false again: the API "down".
     down: AtomicBool,
+    /// How long each write to a Lease (PUT or PATCH under coordination.k8s.io) is
+    /// held before it goes on to the API server; zero: not held.
+    lease_write_delay: Mutex<Duration>,
+    /// Lease writes held so far.
+    pub delayed_lease_writes: AtomicUsize,
 }
 
 impl Knobs {
@@ -47,6 +53,13 @@ impl Knobs {
     /// called with `false`: every endpoint times out.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Holds every later write to a Lease `delay` before forwarding it (a slow API
+    /// server, or a slow network to it): the client's request times out first, and
+    /// the write still lands afterwards.
+    pub fn delay_lease_writes(&self, delay: Duration) {
+        *self.lease_write_delay.lock().unwrap() = delay;
     }
 
     fn in_black_hole(&self) -> bool {
@@ -166,6 +179,16 @@ where
                     *k.black_hole_until.lock().unwrap() = Some(Instant::now() + hole);
                 }
             }
+        }
+        // Only a request line that ends in this chunk (not one seen in the tail).
+        let old = seen.len() - n;
+        let lease_write = [&b"PUT /apis/coordination.k8s.io/"[..], b"PATCH /apis/coordination.k8s.io/"]
+            .iter()
+            .any(|verb| seen.windows(verb.len()).enumerate().any(|(i, w)| w == *verb && i + verb.len() > old));
+        let delay = *k.lease_write_delay.lock().unwrap();
+        if forward && lease_write && !delay.is_zero() {
+            k.delayed_lease_writes.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
         }
         if forward && uw.write_all(&buf[..n]).await.is_err() {
             break;
