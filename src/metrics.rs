@@ -398,6 +398,10 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
 /// One open connection, as the cap sees it.
 struct Slot {
     id: u64,
+    /// The connection's socket, to see whether a request waits unread in it. Only
+    /// peeked at, while the connection is open (slots go with their connection, on
+    /// the one thread of `watch`'s runtime).
+    fd: std::os::fd::RawFd,
     /// CLOCK_MONOTONIC ns since an answer is being made and handed to hyper; 0: none.
     answering_since: AtomicU64,
     /// Closes the connection at once (it is dropped), to make room for a new one.
@@ -412,23 +416,31 @@ struct Slots {
 }
 
 impl Slots {
-    /// A slot for a new connection: at the cap, the oldest connection not being
-    /// answered is closed for it; `None` when every one is being answered (then the new
-    /// one is closed, and a retry soon gets in: answers take microseconds).
-    fn admit(&self) -> Option<Arc<Slot>> {
+    /// A slot for a new connection (socket `fd`): at the cap, the oldest connection
+    /// not being answered and with no request waiting unread in its socket is closed
+    /// for it (else the oldest not being answered: a burst of newcomers is accepted
+    /// before any connection's task runs, and a probe that sent its request must not
+    /// be the one closed); `None` when every one is being answered (then the new one
+    /// is closed, and a retry soon gets in: answers take microseconds).
+    fn admit(&self, fd: std::os::fd::RawFd) -> Option<Arc<Slot>> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.len() >= MAX_CONNECTIONS {
             let now = monotonic_ns();
-            let waiting = open.iter().position(|s| {
+            let not_answered = |s: &Arc<Slot>| {
                 let since = s.answering_since.load(Relaxed);
                 since == 0 || now.saturating_sub(since) > ANSWER_GRACE.as_nanos() as u64
-            })?;
+            };
+            let waiting = open
+                .iter()
+                .position(|s| not_answered(s) && !unread(s.fd))
+                .or_else(|| open.iter().position(not_answered))?;
             if let Some(old) = open.remove(waiting) {
                 old.evict.notify_one();
             }
         }
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Relaxed),
+            fd,
             answering_since: AtomicU64::new(0),
             evict: tokio::sync::Notify::new(),
         });
@@ -439,6 +451,15 @@ impl Slots {
     fn release(&self, id: u64) {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| s.id != id);
     }
+}
+
+/// Whether bytes wait unread in socket `fd` (a request not read yet), or its peer
+/// has closed it: a look that takes nothing.
+fn unread(fd: std::os::fd::RawFd) -> bool {
+    let mut b = 0u8;
+    // SAFETY: reads at most one byte into `b`; MSG_PEEK leaves it in the socket.
+    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n > 0
 }
 
 /// Gives a connection's slot back however its task ends.
@@ -473,7 +494,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
                 continue;
             }
         };
-        let Some(slot) = slots.admit() else {
+        let Some(slot) = slots.admit(std::os::fd::AsRawFd::as_raw_fd(&stream)) else {
             tracing::debug!("metrics listener: every connection is being answered; closing a new one");
             continue;
         };
@@ -862,6 +883,38 @@ mod tests {
     /// byte of a request head every second, hold no slot `/healthz` needs: a new probe
     /// is answered within a second while they hold on, and the server closes them at
     /// its deadline for a request head.
+    /// A flood of new connections (a thousand clients reconnecting) is accepted in a
+    /// burst before any connection's task has run: a probe whose request is already
+    /// sent must not be the "oldest not being answered" that a newcomer closes. Here 32
+    /// silent clients, then the probe, then 48 more silent ones are all connected
+    /// before the server accepts the first.
+    #[test]
+    fn a_sent_request_is_not_closed_for_a_burst_of_newcomers() {
+        use std::io::Write;
+        use tokio::io::AsyncReadExt;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        m.sampled(&sample(), Reading::Calm);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent: Vec<_> = (0..MAX_CONNECTIONS).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let mut probe = std::net::TcpStream::connect(addr).unwrap();
+        probe.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let more: Vec<_> = (0..48).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        probe.set_nonblocking(true).unwrap();
+        let r = rt.block_on(async {
+            listener.set_nonblocking(true).unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            tokio::spawn(serve(listener, m, ages(Duration::from_secs(60))));
+            let mut probe = tokio::net::TcpStream::from_std(probe).unwrap();
+            let mut out = String::new();
+            let read = tokio::time::timeout(Duration::from_secs(2), probe.read_to_string(&mut out)).await;
+            (read.map(|r| r.map_err(|e| e.to_string())), out)
+        });
+        assert!(matches!(r.0, Ok(Ok(_))) && r.1.starts_with("HTTP/1.1 200"), "the probe was not answered: {r:?}");
+        drop((silent, more));
+    }
+
     #[test]
     fn idle_and_slow_clients_do_not_stop_healthz() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,7 +1,9 @@
 //! Running one step (docs/behaviour.md, "Decision rules" and "Coordination"): the edge
-//! between the pure core and the world. Takes the Lease (with the peer check), marks the Node and applies the level
-//! in the order that keeps the Node's marks true, renews the Lease while the actuator
-//! works, releases it as soon as the step returns, and records an Event.
+//! between the pure core and the world. Takes the Lease (with the peer check), marks
+//! the Node and applies the level in the order that keeps the Node's marks true,
+//! renews the Lease on its own timer from taking it to releasing it, stops the step
+//! before the Lease could be taken over, releases it as soon as the step returns, and
+//! records an Event.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -147,7 +149,7 @@ struct Parts<'a> {
 }
 
 async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) -> Outcome {
-    let Parts { cluster, etcd, levels, keeper } = p;
+    let Parts { cluster, etcd, levels, .. } = p;
     let restart = levels.needs_restart(step.from, step.to);
     // Read-only first: while a peer is down, a pressured server retries every sample,
     // and must not write the Lease (take and give back) each time.
@@ -163,51 +165,26 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
         return Outcome::Refused(refusal);
     }
     METRICS.set_lease_held(true);
-    let deadline = tokio::time::Instant::now() + levels.step_timeout.0;
-    // Under the Lease, the answer that counts: another server's restart may have ended
-    // (and its Lease been released) between the two looks only once its member was back.
-    let me = if restart {
-        match etcd.before_restart().await {
-            Ok(me) => Some(me),
-            Err(refusal) => {
-                cluster.release().await;
-                return Outcome::Refused(refusal);
+    // From here to the release the Lease is renewed on its own timer, whatever the
+    // step awaits (the etcd check, the marks, the actuator, a rollback).
+    let outcome = {
+        let renewing = cluster.hold();
+        tokio::pin!(renewing);
+        let held = held(step, &mut *actuator, p, mode, restart);
+        tokio::pin!(held);
+        tokio::select! {
+            outcome = &mut held => outcome,
+            lost = &mut renewing => {
+                // A restart cannot be taken back half-way: cancelling it would leave k3s
+                // and the Node's marks at no level at all. Finish it, and say so loudly.
+                tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
+                held.await
             }
         }
-    } else {
-        None
     };
-    if mode == Mode::Fresh {
-        if let Err(error) = keeper.begin(step) {
-            cluster.release().await;
-            return Outcome::Failed { level: step.from, error: error.context("nothing was changed") };
-        }
+    if !matches!(outcome, Outcome::Refused(_)) {
+        kill_point::reached("before-release");
     }
-    // The deadline cuts the step short wherever it is; the Lease is renewed only
-    // until then (the renewal runs inside), and the step is rolled back.
-    let outcome = match tokio::time::timeout_at(deadline, under_lease(step, &mut *actuator, p, mode, me)).await {
-        Ok(Err(refusal)) => {
-            cluster.release().await;
-            return Outcome::Refused(refusal);
-        }
-        Ok(Ok(Ok(()))) => {
-            keeper.settle(step.to);
-            Outcome::Done
-        }
-        Ok(Ok(Err(error))) => {
-            // Where k3s is now. A level with `from`'s flags is `from` (after a reboot
-            // the start record may say full where control-plane is held).
-            let level = match actuator.current_level().await {
-                Ok(l) if !levels.needs_restart(l, step.from) => step.from,
-                Ok(l) => l,
-                Err(_) => step.from,
-            };
-            keeper.settle(level);
-            Outcome::Failed { level, error }
-        }
-        Err(_) => past_deadline(step, actuator, p).await,
-    };
-    kill_point::reached("before-release");
     cluster.release().await;
     match &outcome {
         Outcome::Done => cluster.record(StepEvent::Done(step)).await,
@@ -217,8 +194,83 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
     outcome
 }
 
+/// The step while the Lease is held (and renewed beside it): the etcd check under the
+/// Lease, then the marks and the level, cut short at the step's deadline or once the
+/// Lease is no longer surely ours, and then rolled back.
+async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode, restart: bool) -> Outcome {
+    let Parts { cluster, etcd, levels, keeper } = p;
+    let deadline = tokio::time::Instant::now() + levels.step_timeout.0;
+    // Under the Lease, the answer that counts: another server's restart may have ended
+    // (and its Lease been released) between the two looks only once its member was back.
+    let me = if restart {
+        tokio::select! {
+            answer = etcd.before_restart() => match answer {
+                Ok(me) => Some(me),
+                Err(refusal) => return Outcome::Refused(refusal),
+            },
+            why = cut(deadline, cluster, levels) => return Outcome::Refused(Refusal {
+                kind: RefusalKind::ApiUnreachable,
+                subject: "lease".into(),
+                message: format!("{why}, while asking etcd under the Lease; nothing was changed"),
+            }),
+        }
+    } else {
+        None
+    };
+    if mode == Mode::Fresh {
+        if let Err(error) = keeper.begin(step) {
+            return Outcome::Failed { level: step.from, error: error.context("nothing was changed") };
+        }
+    }
+    // The deadline, or a Lease no longer surely held, cuts the step short wherever it
+    // is; the step is then rolled back.
+    let why = tokio::select! {
+        r = under_lease(step, &mut *actuator, p, mode, me) => return match r {
+            Err(refusal) => Outcome::Refused(refusal),
+            Ok(Ok(())) => {
+                keeper.settle(step.to);
+                Outcome::Done
+            }
+            Ok(Err(error)) => {
+                // Where k3s is now. A level with `from`'s flags is `from` (after a reboot
+                // the start record may say full where control-plane is held).
+                let level = match actuator.current_level().await {
+                    Ok(l) if !levels.needs_restart(l, step.from) => step.from,
+                    Ok(l) => l,
+                    Err(_) => step.from,
+                };
+                keeper.settle(level);
+                Outcome::Failed { level, error }
+            }
+        },
+        why = cut(deadline, cluster, levels) => why,
+    };
+    past_deadline(step, actuator, p, &why).await
+}
+
+/// Ends at the step's `deadline` or at [`Cluster::lease_safe_until`], whichever comes
+/// first (the latter moves on with every renewal that lands), saying which.
+async fn cut(deadline: tokio::time::Instant, cluster: &dyn Cluster, levels: &LevelsConfig) -> String {
+    loop {
+        let safe = cluster.lease_safe_until();
+        tokio::time::sleep_until(safe.map_or(deadline, |s| s.min(deadline))).await;
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return format!(
+                "the step did not end within levels.step_timeout = {}",
+                format_duration(levels.step_timeout.0)
+            );
+        }
+        if cluster.lease_safe_until().is_some_and(|s| now >= s) {
+            return "could not renew the Lease: no renewal landed within cluster.lease_duration less a quarter, \
+                    so the step stopped before another server could take the Lease over"
+                .to_string();
+        }
+    }
+}
+
 /// The step under the Lease: the marks (down), the level, and this etcd member's
-/// return after a restart (`me`), while the Lease is renewed. `Err`: the marks could
+/// return after a restart (`me`). `Err`: the marks could
 /// not be set before anything changed, a refusal.
 async fn under_lease(
     step: &Step,
@@ -259,33 +311,22 @@ async fn under_lease(
             None => Ok(()),
         }
     };
-    tokio::pin!(applying);
-    Ok(tokio::select! {
-        r = &mut applying => r,
-        lost = cluster.hold() => {
-            // A restart cannot be taken back half-way: cancelling it would leave k3s
-            // and the Node's marks at no level at all. Finish it, and say so loudly.
-            tracing::error!(error = %format!("{lost:#}"), "lost the Lease while stepping; finishing the step");
-            applying.await
-        }
-    })
+    Ok(applying.await)
 }
 
-/// The step's deadline passed and its work was dropped where it stood: undo what
+/// The step was cut short (`why`: its deadline passed, or the Lease is no longer
+/// surely ours) and its work was dropped where it stood: undo what
 /// its recorded phase says may have happened, within [`ROLLBACK_BOUND`]. The file of
 /// `from` goes back and, if k3s may have restarted, a restart into `from` is asked for
 /// (not waited on: other servers' etcd gates wait for this member); the marks go
 /// back to `from`. A rollback that cannot restart k3s leaves the record at
 /// `restoring`, so the undoing is finished under the Lease by `watch` (or the next
 /// start), as after a crash.
-async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>) -> Outcome {
+async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, why: &str) -> Outcome {
     let Parts { cluster, etcd, levels, keeper } = p;
     let phase = keeper.record().step.map_or(Phase::Leased, |s| s.phase);
     let restarted = levels.needs_restart(step.from, step.to) && phase >= Phase::Restarting;
-    let cut = format!(
-        "the step did not end within levels.step_timeout = {} (it was at phase {phase})",
-        format_duration(levels.step_timeout.0)
-    );
+    let cut = format!("{why} (it was at phase {phase})");
     if phase == Phase::Applied {
         // k3s serves at `to` already (what was left: this member's catch-up, the marks
         // up): a restart back would be a second restart, ungated. Kept at `to`.
@@ -430,11 +471,20 @@ mod tests {
         refuse_from: Option<usize>,
         calls: std::cell::Cell<usize>,
         not_back: bool,
+        /// How long each look before a restart takes.
+        takes: Duration,
     }
 
     impl Gate {
         fn logging_to(log: &Log) -> Gate {
-            Gate { log: log.clone(), refuse: None, refuse_from: None, calls: Default::default(), not_back: false }
+            Gate {
+                log: log.clone(),
+                refuse: None,
+                refuse_from: None,
+                calls: Default::default(),
+                not_back: false,
+                takes: Duration::ZERO,
+            }
         }
     }
 
@@ -442,6 +492,9 @@ mod tests {
     impl RestartGate for Gate {
         async fn before_restart(&self) -> Result<u64, Refusal> {
             self.log.push("etcd check");
+            if !self.takes.is_zero() {
+                tokio::time::sleep(self.takes).await;
+            }
             self.calls.set(self.calls.get() + 1);
             if self.refuse_from.is_some_and(|n| self.calls.get() >= n) {
                 return Err(etcd_refusal());
@@ -855,5 +908,81 @@ mod tests {
         let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert!(!log.take().iter().any(|c| c.starts_with("etcd")));
+    }
+
+    /// The renewal runs on its own timer from taking the Lease to releasing it: also
+    /// during the etcd check under the Lease, the down marks and the rollback, which
+    /// are awaited outside the actuator's work (each takes 10-20 s here).
+    #[test]
+    fn the_lease_is_renewed_throughout_the_step() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster {
+            renew_every: Some(Duration::from_secs(3)),
+            marks_take: Duration::from_secs(20),
+            ..FakeCluster::logging_to(&log)
+        };
+        let g = Gate { takes: Duration::from_secs(10), ..Gate::logging_to(&log) };
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &keeper()));
+        assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
+        let calls = log.take();
+        let at = |what: &str, nth: usize| {
+            calls.iter().enumerate().filter(|(_, c)| *c == what).nth(nth).map(|(i, _)| i).expect(what)
+        };
+        let renewed = |from: usize, to: usize| calls[from..to].iter().any(|c| c == "renew");
+        let (under_lease, marks, rollback_marks) =
+            (at("etcd check", 1), at("mark etcd-only", 0), at("mark control-plane", 0));
+        let release = at("release", 0);
+        assert!(!renewed(0, at("acquire", 0)), "renewed before the Lease was taken: {calls:?}");
+        assert!(renewed(under_lease, marks), "no renewal during the etcd check under the Lease: {calls:?}");
+        assert!(renewed(marks, at("etcd check", 2)), "no renewal during the down marks: {calls:?}");
+        assert!(renewed(rollback_marks, release), "no renewal during the rollback: {calls:?}");
+        assert!(!renewed(release, calls.len()), "renewed after the release: {calls:?}");
+    }
+
+    /// Renewals stop landing (the API server slow or away): the step stops, rolled
+    /// back as at its deadline, once the Lease is no longer surely ours, well before
+    /// its deadline and before another server could take the Lease over.
+    #[test]
+    fn a_step_stops_before_its_lease_could_be_taken_over() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster { renewals_fail_after: Some(Duration::from_secs(45)), ..FakeCluster::logging_to(&log) };
+        let k = keeper();
+        let (out, took) = block_on_paused(async {
+            let t0 = tokio::time::Instant::now();
+            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k).await;
+            (out, t0.elapsed())
+        });
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane);
+        let e = format!("{error:#}");
+        assert!(e.contains("could not renew the Lease") && e.contains("phase restarting"), "{e}");
+        assert!(e.contains("rolled back to control-plane"), "{e}");
+        assert_eq!(took, Duration::from_secs(45), "stops when the Lease is no longer surely held");
+        assert_eq!(
+            log.take(),
+            [
+                "preflight",
+                "etcd check",
+                "acquire",
+                "etcd check",
+                "mark etcd-only",
+                "etcd check",
+                "etcd check",
+                "roll back to control-plane, restarting",
+                "mark control-plane",
+                "release",
+                "event failed"
+            ]
+        );
+        assert_eq!(a.level(), Level::ControlPlane);
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None), "settled at from");
     }
 }

@@ -143,6 +143,13 @@ pub struct FakeCluster {
     pub lose_lease: bool,
     /// While a step runs, the Lease is renewed this often (logged); `None`: silently.
     pub renew_every: Option<Duration>,
+    /// No renewal lands after `acquire`: the Lease is surely ours only this long
+    /// after it (`Cluster::lease_safe_until`); `None`: for as long as it is held.
+    pub renewals_fail_after: Option<Duration>,
+    /// When the Lease was taken (tokio's clock); `None` once released.
+    pub acquired: Cell<Option<tokio::time::Instant>>,
+    /// How long marking the Node takes.
+    pub marks_take: Duration,
     pub fail_marks: bool,
     pub label: Label,
     pub log: Log,
@@ -154,6 +161,9 @@ impl Default for FakeCluster {
             refuse: None,
             lose_lease: false,
             renew_every: None,
+            renewals_fail_after: None,
+            acquired: Cell::new(None),
+            marks_take: Duration::ZERO,
             fail_marks: false,
             label: Rc::new(RefCell::new(Ok(None))),
             log: Log::default(),
@@ -188,7 +198,13 @@ impl Cluster for FakeCluster {
 
     async fn acquire(&self, _: &Step) -> Result<(), Refusal> {
         self.log.push("acquire");
-        self.refuse.clone().map_or(Ok(()), Err)
+        self.refuse.clone().map_or(Ok(()), Err)?;
+        self.acquired.set(Some(tokio::time::Instant::now()));
+        Ok(())
+    }
+
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        Some(self.acquired.get()? + self.renewals_fail_after?)
     }
 
     async fn hold(&self) -> anyhow::Error {
@@ -205,10 +221,14 @@ impl Cluster for FakeCluster {
 
     async fn release(&self) {
         self.log.push("release");
+        self.acquired.set(None);
     }
 
     async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {
         self.log.push(format!("mark {level}"));
+        if !self.marks_take.is_zero() {
+            tokio::time::sleep(self.marks_take).await;
+        }
         if self.fail_marks {
             anyhow::bail!("503 from every endpoint");
         }

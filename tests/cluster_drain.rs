@@ -387,3 +387,54 @@ fn drain_time_of_10_and_50_pods() {
         }
     });
 }
+
+/// A 409 for the same pod (the API server's own conflict retries ran out; the pod is
+/// still there with its UID) is retried, not taken as "gone meanwhile": a proxy in
+/// front of the API server answers the pod's first two evictions with 409 itself,
+/// then lets them through. The pod is evicted in the end, and its ReplicaSet's new
+/// pod runs on the other Node.
+#[test]
+fn an_eviction_answered_409_for_the_same_pod_is_retried_until_it_is_evicted() {
+    let test = "an_eviction_answered_409_for_the_same_pod_is_retried_until_it_is_evicted";
+    let Some(h) = common::start_with(test, RIG) else { return };
+    // The proxy passes a token through, not a client certificate: the ServiceAccount.
+    let sa = h.service_account_kubeconfig();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let proxy = rt.block_on(common::lost_reply::start(&h.server, &h.dir.join("pki")));
+    let via = h.dir.join("conflicting.kubeconfig");
+    std::fs::write(&via, std::fs::read_to_string(&sa).unwrap().replace(&h.server, &proxy.url)).unwrap();
+    rt.block_on(async {
+        let admin = h.admin().await;
+        for n in ["conflict-1", "conflict-2"] {
+            common::create_server_node(&admin, &Kubelet::ready(n)).await;
+        }
+        namespace(&admin).await;
+        cordon(&admin, "conflict-2").await;
+        replicaset(&admin, "web", 1, 1).await;
+        let web = settled(&admin, "web", 1, "conflict-1").await;
+        let p = Patch::Merge(json!({"spec": {"unschedulable": false}}));
+        Api::<Node>::all(admin.clone()).patch("conflict-2", &PatchParams::default(), &p).await.unwrap();
+        cordon(&admin, "conflict-1").await;
+
+        proxy.knobs.conflict_next_evictions(2);
+        let c = cluster(&h, &via, "conflict-1");
+        let r = run_drain(&c, "conflict-1", Duration::from_secs(60), OnDrainTimeout::Proceed).await;
+        let (seen, conflicted) = (
+            proxy.knobs.evictions.load(std::sync::atomic::Ordering::SeqCst),
+            proxy.knobs.conflicted.load(std::sync::atomic::Ordering::SeqCst),
+        );
+        assert_eq!(conflicted, 2, "{r:?}");
+        assert!(seen >= 3, "the eviction was not tried again after the 409s: {seen} seen, {r:?}");
+        assert_eq!(r.evicted, names(&web), "{r:?}");
+        assert!(r.gone.is_empty(), "a 409 for the same pod read as gone: {r:?}");
+        assert!(!r.incomplete() && !r.timed_out, "{r:?}");
+        let pods = Api::<Pod>::namespaced(admin.clone(), NS);
+        let name = web[0].metadata.name.clone().unwrap();
+        until("the evicted pod to be gone", Duration::from_secs(30), || async {
+            pods.get_opt(&name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+        settled(&admin, "web", 1, "conflict-2").await;
+        say(format!("409 twice then through: {seen} evictions sent, {conflicted} answered 409 by the proxy; {r}"));
+    });
+}

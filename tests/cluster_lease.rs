@@ -141,3 +141,101 @@ fn held_refuses_expired_is_taken_over_and_renewal_keeps_it() {
         println!("takeover after {waited:?} without renewal (duration 3s + margin)");
     });
 }
+
+/// The API server made slow for the Lease's writes: a proxy holds each PUT or PATCH
+/// of a Lease 20 s before passing it on, longer than the request timeout (3 s) and
+/// the lease duration (12 s). Server A steps down (Full to ControlPlane, a fake
+/// actuator whose apply takes 10 min) through the proxy; server B, straight to the API
+/// server, tries to take the Lease every 250 ms. B must not get it while A's step
+/// still runs: A stops its step (rolled back) once no renewal has landed for the lease
+/// duration less a quarter, and B takes the Lease only after that.
+#[test]
+fn a_slow_api_server_never_lets_another_server_take_the_lease_mid_step() {
+    use regrade::decide::{Direction, Step};
+    use regrade::level::Level;
+    use regrade::level_keeper::Keeper;
+    use regrade::level_record::{LevelRecord, Phase};
+    use regrade::testing::{FakeActuator, Log};
+
+    let Some(h) = common::start("a_slow_api_server_never_lets_another_server_take_the_lease_mid_step") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let proxy = rt.block_on(common::lost_reply::start(&h.server, &h.dir.join("pki")));
+    // The proxy passes a token through, not a client certificate: the ServiceAccount.
+    let sa = h.service_account_kubeconfig();
+    let slow = h.dir.join("slow-lease.kubeconfig");
+    std::fs::write(&slow, std::fs::read_to_string(&sa).unwrap().replace(&h.server, &proxy.url)).unwrap();
+    rt.block_on(async {
+        common::create_server_node(&h.admin().await, &common::Kubelet::ready("server-a")).await;
+        let mut cfg = h.config(&slow, "server-a", "regrade");
+        cfg.cluster.lease_duration = HumanDuration(Duration::from_secs(12));
+        cfg.cluster.request_timeout = HumanDuration(Duration::from_secs(3));
+        let a = common::kube_cluster(&cfg).unwrap();
+        let b = cluster(&h, "server-b", "regrade", 12);
+        // Creating the Lease (a POST) passes at once; every renewal (a PUT) is held.
+        proxy.knobs.delay_lease_writes(Duration::from_secs(20));
+
+        let log = Log::default();
+        let mut actuator = FakeActuator {
+            reports: &[Phase::Writing],
+            ..FakeActuator::at(Level::Full).logging_to(&log).taking(Duration::from_secs(600))
+        };
+        let step = Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane };
+        let keeper = Keeper::new(None, LevelRecord::at(Level::Full, Default::default()), Default::default());
+        let levels = regrade::levels::LevelsConfig::default();
+        let t0 = Instant::now();
+        let stepping = async {
+            let out =
+                regrade::step::run(&step, &mut actuator, &a, &regrade::etcd::NoRestartGate, &levels, &keeper).await;
+            (out, t0.elapsed())
+        };
+        let contender = async {
+            // From the moment server-a holds the Lease.
+            let leases = Api::<Lease>::namespaced(h.admin().await, "kube-system");
+            while !leases.get_opt("regrade").await.unwrap().is_some_and(|l| holder_of(&l).starts_with("server-a/")) {
+                assert!(t0.elapsed() < Duration::from_secs(30), "server-a never took the Lease: {:?}", log.take());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let mut calls = Vec::new();
+            let mut stopped = None;
+            loop {
+                calls.extend(log.take());
+                if stopped.is_none() && calls.iter().any(|c| c.starts_with("roll back")) {
+                    stopped = Some(t0.elapsed());
+                }
+                match b.lease.acquire(&b.endpoints).await {
+                    Ok(()) => {
+                        let taken = t0.elapsed();
+                        let Some(stopped) = stopped else {
+                            panic!("server-b took the Lease after {taken:?} while server-a's step still ran: {calls:?}")
+                        };
+                        return (stopped, taken);
+                    }
+                    Err(r) => assert_eq!(r.kind, "lease-held", "{r}"),
+                }
+                assert!(t0.elapsed() < Duration::from_secs(120), "server-b never took the Lease: {calls:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        };
+        let ((out, ended), (stopped, taken)) = tokio::join!(stepping, contender);
+        let regrade::step::Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        let error = format!("{error:#}");
+        assert_eq!(*level, Level::Full, "{error}");
+        assert!(error.contains("could not renew the Lease") && error.contains("rolled back to full"), "{error}");
+        assert_eq!(actuator.level(), Level::Full, "the actuator's level is back");
+        assert!(stopped < taken && ended < taken, "stopped {stopped:?}, ended {ended:?}, taken {taken:?}");
+        // The lease duration less a quarter after the Lease was taken (9 s), give or
+        // take the calls before it; long before the step's own deadline.
+        assert!(stopped < Duration::from_secs(15), "stopped only after {stopped:?}");
+        let lease = get_lease(&h, "regrade").await;
+        assert!(holder_of(&lease).starts_with("server-b/"), "{:?}", lease.spec);
+        let delayed = proxy.knobs.delayed_lease_writes.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(delayed >= 2, "a failed renewal was not tried again within the lease duration ({delayed} writes)");
+        println!(
+            "slow Lease writes (20 s each, {delayed} held): server-a stopped its step after {stopped:?} (ended \
+             {ended:?}), server-b took the Lease after {taken:?}"
+        );
+        b.lease.release(&b.endpoints).await;
+    });
+}

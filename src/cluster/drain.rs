@@ -486,6 +486,75 @@ pub struct PublishedDrain {
     pub report: DrainReport,
 }
 
+/// Publishes a drain while it runs, at `path` (none: not published). Dropped before
+/// [`finish`](Self::finish) — the step cut short around the drain, at its deadline or
+/// its Lease — it publishes the drain as not running, with why in the report's
+/// `error`, so `drain.json` never says `running` under a live PID that is no longer
+/// draining.
+pub struct DrainPublisher {
+    path: Option<std::path::PathBuf>,
+    last: PublishedDrain,
+    finished: bool,
+}
+
+/// What a drain dropped mid-way says in its report's `error`.
+pub const DROPPED: &str =
+    "cut short while draining: the step ended (levels.step_timeout, or its Lease no longer surely held) \
+     before the drain did";
+
+impl DrainPublisher {
+    /// Publishes the drain as started (`running`, nothing done yet).
+    pub fn start(path: Option<std::path::PathBuf>, node: &str, level: &str, started: f64) -> DrainPublisher {
+        let last = PublishedDrain {
+            pid: std::process::id(),
+            node: node.to_string(),
+            level: level.to_string(),
+            started,
+            running: true,
+            report: DrainReport::default(),
+        };
+        let p = DrainPublisher { path, last, finished: false };
+        p.write();
+        p
+    }
+
+    fn write(&self) {
+        if let Some(path) = &self.path {
+            self.last.write(path);
+        }
+    }
+
+    /// The drain moved: publishes `report`, still running.
+    pub fn progress(&mut self, report: &DrainReport) {
+        self.last.report = report.clone();
+        self.write();
+    }
+
+    /// The drain ended with `report`: publishes it, not running.
+    pub fn finish(mut self, report: &DrainReport) {
+        self.last.report = report.clone();
+        self.last.running = false;
+        self.finished = true;
+        self.write();
+    }
+}
+
+impl Drop for DrainPublisher {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.last.running = false;
+        let why = match self.last.report.error.take() {
+            Some(e) => format!("{DROPPED}; {e}"),
+            None => DROPPED.to_string(),
+        };
+        self.last.report.error = Some(why);
+        tracing::warn!(node = %self.last.node, "the drain was dropped, {DROPPED}");
+        self.write();
+    }
+}
+
 /// Where the drain's progress is published: beside `watch`'s state file.
 pub fn progress_path(state_file: &std::path::Path) -> std::path::PathBuf {
     state_file.with_file_name("drain.json")

@@ -2,7 +2,7 @@
 //! default `kube-system/regrade`. Every write carries the `resourceVersion` just read,
 //! so of two servers writing at once one gets 409 and loses.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -20,6 +20,18 @@ use super::{Refusal, RefusalKind};
 /// room for the clocks of two servers to disagree.
 pub const EXPIRY_MARGIN: Duration = Duration::from_secs(5);
 
+/// How soon a renewal that failed is tried again (or sooner, every third of a short
+/// Lease): well within the lease duration, not a whole renewal period later.
+pub const RENEW_RETRY: Duration = Duration::from_secs(2);
+
+/// How long a step may go on after the last renewal that landed: the lease duration
+/// less a quarter of it. Another server takes the Lease over no sooner than the lease
+/// duration plus [`EXPIRY_MARGIN`] after it saw that write, so the step stops with a
+/// quarter of the duration and the margin to spare.
+pub fn safe_for(duration: Duration) -> Duration {
+    duration - duration / 4
+}
+
 pub struct LeaseLock {
     pub namespace: String,
     pub name: String,
@@ -28,6 +40,9 @@ pub struct LeaseLock {
     pub duration: Duration,
     /// The Lease as we last wrote it while holding it.
     held: RefCell<Option<Lease>>,
+    /// When the last write of ours that landed was sent (taking or renewing the
+    /// Lease): the Lease is ours for sure until [`safe_for`] after it.
+    landed: Cell<Option<Instant>>,
     /// A Lease held by another: its `resourceVersion` and when we first saw it. If it
     /// has not changed for the lease duration plus the margin, it has expired by our
     /// own clock, whatever its `renewTime` says.
@@ -51,6 +66,7 @@ impl LeaseLock {
             identity,
             duration,
             held: RefCell::new(None),
+            landed: Cell::new(None),
             observed: RefCell::new(None),
         }
     }
@@ -126,6 +142,7 @@ impl LeaseLock {
     pub async fn acquire(&self, eps: &Endpoints) -> Result<(), Refusal> {
         let seen = self.classify(self.get(eps).await.map_err(unreachable)?);
         let now = MicroTime(super::clock::wall_now());
+        let sent = Instant::now();
         // Who won is not known here; the next look at the Lease names them.
         let lost = || Refusal {
             kind: RefusalKind::LeaseHeld,
@@ -179,6 +196,7 @@ impl LeaseLock {
             }
         };
         *self.held.borrow_mut() = Some(written);
+        self.landed.set(Some(sent));
         *self.observed.borrow_mut() = None;
         Ok(())
     }
@@ -195,30 +213,44 @@ impl LeaseLock {
         .await
     }
 
-    /// Renews the Lease every third of its duration while a step runs; returns only
-    /// when it is lost (another holder) or could not be renewed before it expired.
+    /// Until when the Lease is surely ours: [`safe_for`] its duration after the last
+    /// write of ours that landed. `None`: not held (never taken, released, or lost).
+    pub fn safe_until(&self) -> Option<Instant> {
+        self.held.borrow().as_ref()?;
+        self.landed.get().map(|t| t + safe_for(self.duration))
+    }
+
+    /// Renews the Lease every third of its duration for as long as it is held; a
+    /// renewal that fails is tried again after [`RENEW_RETRY`]. Returns only when the
+    /// Lease is lost (another holder, or released behind our back). A Lease that
+    /// cannot be renewed is not given up here: [`safe_until`](Self::safe_until) stops
+    /// advancing, and the step stops by it.
     pub async fn hold(&self, eps: &Endpoints) -> anyhow::Error {
         let period = self.duration / 3;
-        let mut last_renewed = Instant::now();
+        let retry = RENEW_RETRY.min(period);
+        let mut next = self.landed.get().unwrap_or_else(Instant::now) + period;
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep_until(next).await;
             let Some(mut lease) = self.held.borrow().clone() else {
                 return anyhow::anyhow!("Lease {}/{} is not held", self.namespace, self.name);
             };
             if let Some(spec) = lease.spec.as_mut() {
                 spec.renew_time = Some(MicroTime(super::clock::wall_now()));
             }
+            let sent = Instant::now();
+            next = sent + retry;
             match self.replace(eps, &lease).await {
                 Ok(l) => {
                     *self.held.borrow_mut() = Some(l);
-                    last_renewed = Instant::now();
-                    continue;
+                    self.landed.set(Some(sent));
+                    next = sent + period;
                 }
                 Err(e) if e.is_conflict() => match self.get(eps).await {
-                    // Our own earlier write that we did not hear back from: adopt it.
+                    // Our own earlier write that we did not hear back from: adopt it,
+                    // and renew from it at once (when it was sent is not known).
                     Ok(Some(l)) if holder_of(&l) == self.identity => {
                         *self.held.borrow_mut() = Some(l);
-                        continue;
+                        next = Instant::now();
                     }
                     Ok(l) => {
                         *self.held.borrow_mut() = None;
@@ -232,16 +264,12 @@ impl LeaseLock {
                     }
                     Err(e) => tracing::warn!(error = %e, "could not read the Lease after a conflict; retrying"),
                 },
-                Err(e) => tracing::warn!(error = %e, "could not renew the Lease; retrying"),
-            }
-            if last_renewed.elapsed() >= self.duration {
-                *self.held.borrow_mut() = None;
-                return anyhow::anyhow!(
-                    "could not renew Lease {}/{} within its duration of {}s",
-                    self.namespace,
-                    self.name,
-                    self.duration_secs()
-                );
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    retry_in = ?retry,
+                    since_renewed = ?self.landed.get().map(|t| t.elapsed()),
+                    "could not renew the Lease; retrying"
+                ),
             }
         }
     }
@@ -250,6 +278,7 @@ impl LeaseLock {
     /// by our own renewal racing the release.
     pub async fn release(&self, eps: &Endpoints) {
         self.held.borrow_mut().take();
+        self.landed.set(None);
         for _ in 0..3 {
             let mut lease = match self.get(eps).await {
                 Ok(Some(l)) if holder_of(&l) == self.identity => l,

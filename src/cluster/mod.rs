@@ -138,8 +138,18 @@ pub trait Cluster: NodeReadiness {
     /// Takes the Lease and checks the peers, for `step`. On refusal nothing is held.
     async fn acquire(&self, step: &Step) -> Result<(), Refusal>;
 
-    /// Renews the Lease while a step runs. Returns only when the Lease is lost.
+    /// Renews the Lease on its own timer for as long as it is held (from `acquire` to
+    /// `release`: the step polls it throughout), trying a failed renewal again
+    /// within seconds. Returns only when the Lease is lost to another holder.
     async fn hold(&self) -> anyhow::Error;
+
+    /// Until when the Lease is surely still ours, by this process's clock: the lease
+    /// duration less a margin after the last renewal that landed. The step stops
+    /// (rolled back) there, before another server could take the Lease over. `None`:
+    /// no such bound (not held, or a cluster without a Lease).
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        None
+    }
 
     /// Releases the Lease if still the holder.
     async fn release(&self);
@@ -355,6 +365,10 @@ impl Cluster for KubeCluster {
         self.lease.hold(&self.endpoints).await
     }
 
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        self.lease.safe_until()
+    }
+
     async fn release(&self) {
         self.lease.release(&self.endpoints).await
     }
@@ -401,25 +415,15 @@ impl Cluster for KubeCluster {
         let node = self.node_name.as_str();
         tracing::info!(node, level = %level, timeout = ?settings.timeout, "draining the Node");
         let started = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs_f64();
-        let publish = |report: &drain::DrainReport, running: bool| {
-            let Some(path) = &self.drain_progress else { return };
-            let p = drain::PublishedDrain {
-                pid: std::process::id(),
-                node: node.to_string(),
-                level: level.to_string(),
-                started,
-                running,
-                report: report.clone(),
-            };
-            p.write(path);
-        };
-        publish(&drain::DrainReport::default(), true);
+        // Dropped with the step (its deadline, its Lease), it publishes the drain as ended.
+        let mut published =
+            drain::DrainPublisher::start(self.drain_progress.clone(), node, &level.to_string(), started);
         let report = drain::drain(&self.endpoints, node, settings, stop, &mut |r| {
             tracing::info!(node, progress = %r, "drain");
-            publish(r, true);
+            published.progress(r);
         })
         .await;
-        publish(&report, false);
+        published.finish(&report);
         let (type_, reason, message) = report.event();
         if report.incomplete() {
             tracing::warn!(node, report = %report, "the drain left pods on the Node");
@@ -433,7 +437,52 @@ impl Cluster for KubeCluster {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::{drain, Cluster, KubeCluster};
     use crate::config::Config;
+    use crate::level::Level;
+
+    /// The step's deadline (or its Lease) drops the drain where it stands: here in its
+    /// first request, to an API server that accepts the connection and never answers.
+    /// `drain.json` must not go on saying `running` with this (live) process's PID,
+    /// or `status` shows a drain under way for ever; it says it ended, and why.
+    #[test]
+    fn a_dropped_drain_is_published_as_not_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{}\n    \
+                 insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+                 current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+                listener.local_addr().unwrap()
+            ),
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.cluster.kubeconfig = Some(kubeconfig);
+        cfg.cluster.node_name = Some("server-1".into());
+        cfg.cluster.endpoints_cache = Default::default();
+        cfg.cluster.request_timeout = crate::units::HumanDuration(Duration::from_secs(600));
+        let mut c = KubeCluster::new(&cfg.cluster, &cfg.levels).unwrap();
+        let path = dir.path().join("drain.json");
+        c.drain_progress = Some(path.clone());
+        let settings = drain::DrainSettings { timeout: Duration::from_secs(600), on_timeout: Default::default() };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let cut = rt.block_on(async {
+            let drain = c.drain(Level::ControlPlane, settings);
+            tokio::time::timeout(Duration::from_millis(500), drain).await
+        });
+        assert!(cut.is_err(), "the drain ended by itself: {cut:?}");
+        let published = drain::PublishedDrain::read(&path).expect("drain.json written");
+        assert!(!published.running && !published.is_live(), "{published:?}");
+        let why = published.report.error.clone().unwrap_or_default();
+        assert!(why.contains("cut short"), "{published:?}");
+        drop(listener);
+    }
 
     fn err(text: &str) -> String {
         format!("{:#}", Config::parse(text).unwrap_err())

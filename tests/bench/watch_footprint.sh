@@ -119,9 +119,14 @@ awk -v wall0="$t0" -v wall1="$t1" -v rc="$rc" -v rs="$rs" -v ec="$ec" -v es="$es
 if [ -n "$mpid" ]; then
   curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^regrade_level{level="full"} 1$' ||
     { echo "watch_footprint: the metrics listener did not answer" >&2; exit 1; }
-  awk -v a="$(field $rpid VmRSS)" -v b="$(field $mpid VmRSS)" 'BEGIN {
+  awk -v a="$(field $rpid VmRSS)" -v b="$(field $mpid VmRSS)" \
+      -v aa="$(field $rpid RssAnon)" -v ba="$(field $mpid RssAnon)" \
+      -v af="$(field $rpid RssFile)" -v bf="$(field $mpid RssFile)" 'BEGIN {
     printf "regrade watch+metrics (scraped 1/s): VmRSS %.2f MiB, %+.2f MiB beside the run without (target within 0.5: %s)\n",
-      b/1024, (b-a)/1024, (b-a <= 512 ? "met" : "MISSED") }'
+      b/1024, (b-a)/1024, (b-a <= 512 ? "met" : "MISSED")
+    # What it is: code pages faulted in and kept (RssFile; watch locks memory on
+    # fault), or heap and buffers (RssAnon).
+    printf "  of which RssFile (code) %+.0f kB, RssAnon (heap, buffers) %+.0f kB\n", bf-af, ba-aa }'
   kill $mpid 2>/dev/null || true
 else
   echo "regrade watch+metrics: skipped, $bin has no [metrics] (a build from before issue 14)"

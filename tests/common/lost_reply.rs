@@ -1,4 +1,5 @@
-//! A proxy in front of the rig's kube-apiserver that can lose replies: it terminates
+//! A proxy in front of the rig's kube-apiserver that can lose replies (and make the
+//! Lease's writes slow, or answer pod evictions with 409 itself): it terminates
 //! TLS with the API server's own serving certificate (so regrade's checks of the CA
 //! and the name pass unchanged), forwards every request over a fresh TLS connection to
 //! the real API server, and sends the answers back — except, when armed, the answer
@@ -34,6 +35,17 @@ pub struct Knobs {
     pub swallowed: AtomicUsize,
     /// Every request swallowed until set false again: the API "down".
     down: AtomicBool,
+    /// How long each write to a Lease (PUT or PATCH under coordination.k8s.io) is
+    /// held before it goes on to the API server; zero: not held.
+    lease_write_delay: Mutex<Duration>,
+    /// Lease writes held so far.
+    pub delayed_lease_writes: AtomicUsize,
+    /// Pod evictions (POST .../pods/NAME/eviction) still to answer with 409 here,
+    /// as the API server does when its own conflict retries run out; the pod stays.
+    conflict_evictions: AtomicUsize,
+    /// Eviction POSTs seen, and how many of them this proxy answered with 409.
+    pub evictions: AtomicUsize,
+    pub conflicted: AtomicUsize,
 }
 
 impl Knobs {
@@ -47,6 +59,19 @@ impl Knobs {
     /// called with `false`: every endpoint times out.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Holds every later write to a Lease `delay` before forwarding it (a slow API
+    /// server, or a slow network to it): the client's request times out first, and
+    /// the write still lands afterwards.
+    pub fn delay_lease_writes(&self, delay: Duration) {
+        *self.lease_write_delay.lock().unwrap() = delay;
+    }
+
+    /// Answers the next `n` pod evictions with 409 Conflict itself (they never reach
+    /// the API server), then passes them through.
+    pub fn conflict_next_evictions(&self, n: usize) {
+        self.conflict_evictions.store(n, Ordering::SeqCst);
     }
 
     fn in_black_hole(&self) -> bool {
@@ -115,8 +140,11 @@ where
     D: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     U: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut dr, mut dw) = tokio::io::split(down);
+    let (mut dr, dw) = tokio::io::split(down);
     let (mut ur, mut uw) = tokio::io::split(up);
+    // Shared: the answers from upstream, and the proxy's own 409s.
+    let dw = Arc::new(tokio::sync::Mutex::new(dw));
+    let answers = dw.clone();
     // Set once this connection's replies are lost: nothing more goes back on it.
     let silent = Arc::new(AtomicBool::new(false));
     let s = silent.clone();
@@ -130,7 +158,7 @@ where
             if s.load(Ordering::SeqCst) {
                 continue; // lost on the way back
             }
-            if dw.write_all(&buf[..n]).await.is_err() {
+            if dw.lock().await.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }
@@ -167,6 +195,40 @@ where
                 }
             }
         }
+        if forward && buf[..n].starts_with(b"POST /api/v1/namespaces/") && {
+            let line_end = buf[..n].iter().position(|&b| b == b'\r').unwrap_or(n);
+            // The path ends in /eviction (kube adds an empty query: "/eviction?").
+            buf[..line_end].windows(10).any(|w| w == b"/eviction " || w == b"/eviction?")
+        } {
+            k.evictions.fetch_add(1, Ordering::SeqCst);
+            let conflict =
+                k.conflict_evictions.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if conflict {
+                let Some(()) = read_whole_request(&mut dr, buf[..n].to_vec()).await else { break };
+                k.conflicted.fetch_add(1, Ordering::SeqCst);
+                let body = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Operation cannot be fulfilled on poddisruptionbudgets.policy \"web\": the object has been modified; please apply your changes to the latest version and try again","reason":"Conflict","details":{"name":"web","group":"policy","kind":"poddisruptionbudgets"},"code":409}"#;
+                let head = format!(
+                    "HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                let mut w = answers.lock().await;
+                if w.write_all(head.as_bytes()).await.is_err() || w.write_all(body).await.is_err() {
+                    break;
+                }
+                tail.clear();
+                continue;
+            }
+        }
+        // Only a request line that ends in this chunk (not one seen in the tail).
+        let old = seen.len() - n;
+        let lease_write = [&b"PUT /apis/coordination.k8s.io/"[..], b"PATCH /apis/coordination.k8s.io/"]
+            .iter()
+            .any(|verb| seen.windows(verb.len()).enumerate().any(|(i, w)| w == *verb && i + verb.len() > old));
+        let delay = *k.lease_write_delay.lock().unwrap();
+        if forward && lease_write && !delay.is_zero() {
+            k.delayed_lease_writes.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+        }
         if forward && uw.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -174,4 +236,25 @@ where
         tail = seen.split_off(keep);
     }
     back.abort();
+}
+
+/// Reads the rest of the request that begins with `got` (its head, then a body of
+/// its Content-Length), so that it can be answered here instead of upstream.
+async fn read_whole_request<R: tokio::io::AsyncRead + Unpin>(r: &mut R, mut got: Vec<u8>) -> Option<()> {
+    let mut buf = vec![0u8; 16 << 10];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = r.read(&mut buf).await.ok().filter(|&n| n > 0)?;
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let length: usize =
+        head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    while got.len() < head_end + length {
+        let n = r.read(&mut buf).await.ok().filter(|&n| n > 0)?;
+        got.extend_from_slice(&buf[..n]);
+    }
+    Some(())
 }
