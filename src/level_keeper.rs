@@ -60,14 +60,13 @@ impl Keeper {
 
     /// Whether the record on disk is no longer the one this process holds: another
     /// process (a hand step, finished or killed) wrote it. Every decision to act is
-    /// then made again from the disk. Never in a dry run.
+    /// then made again from the disk. Never in a dry run. No record on disk is not a
+    /// move (a start without one writes none until the Node has been read, and every
+    /// step writes one), nor is one that cannot be read (the start decided without it,
+    /// and deciding again would not change that).
     pub fn moved_on_disk(&self) -> bool {
         let Some(path) = &self.path else { return false };
-        match LevelRecord::read(path) {
-            Ok(on_disk) => on_disk.as_ref() != Some(&*self.current.borrow()),
-            // Unreadable: deciding again says so, and goes on as without a record.
-            Err(_) => true,
-        }
+        matches!(LevelRecord::read(path), Ok(Some(on_disk)) if on_disk != *self.current.borrow())
     }
 
     /// Takes the one lock of stepping this server (see [`StepLock`]). `Ok(None)` in a

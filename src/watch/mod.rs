@@ -302,9 +302,10 @@ impl<'a> Watcher<'a> {
                 was = %self.keeper.level(),
                 "the level record was changed by another process (a hand step?); deciding again from it"
             );
+            // Already deciding again: the backoff of its failed tries stands.
+            self.pending = Pending::Adopt;
+            self.backoff = Backoff::now();
         }
-        self.pending = Pending::Adopt;
-        self.backoff = Backoff::now();
     }
 
     /// After a step: marks whose outcome at the API is unknown, or that a failed step
@@ -705,6 +706,31 @@ mod tests {
             assert_eq!((w.ticker.state.level, &w.pending), (Level::EtcdOnly, &Pending::Nothing));
             let r = on_disk(&cfg);
             assert_eq!((r.level, r.step), (Level::EtcdOnly, None));
+        });
+    }
+
+    /// A start with no level record and the API down writes no record yet: that is not
+    /// a record moved by another process. Was: taken for one, so every proposed step
+    /// was dropped to decide again, with the backoff reset each sample (CI's
+    /// step_faults bench: no step ever refused, a retry every sample).
+    #[test]
+    fn no_record_on_disk_is_not_a_record_moved_by_another_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        let node = FakeCluster::labelled(Err("every endpoint timed out"));
+        let label = node.label.clone();
+        let (backend, k3s) = backend_with(Level::Full, node);
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            assert_eq!(w.pending, Pending::Adopt);
+            assert!(!cfg.level_record.exists(), "no record written before the Node was read");
+            w.converge(Duration::from_secs(5)).await;
+            assert!(!w.backoff.due(), "a failed try waits: {:?}", w.backoff);
+            w.follow_hand_steps();
+            assert!(!w.backoff.due(), "and is not made due again by looking at the disk");
+            *label.borrow_mut() = Ok(None); // the API answers again
+            w.step(Duration::from_secs(60), &between(Level::Full, Level::ControlPlane)).await;
+            assert_eq!(k3s.get(), Level::ControlPlane, "the proposed step ran");
         });
     }
 
