@@ -4,7 +4,10 @@
 //! moments, and the promise checked after every event.
 //!
 //! One seed is one run: single-threaded, on tokio's paused clock (timers jump; nothing
-//! waits in real time), every random choice from the seed. What is simulated:
+//! waits in real time), every random choice of the world from the seed. (One thing is
+//! not: `tokio::select!` picks among branches ready at once with tokio's own RNG, seeded
+//! per runtime; replays of failing seeds have come out identical, but that is not
+//! guaranteed.) What is simulated:
 //! - the cluster: one Lease (taken over once unrenewed for its duration), each Node's
 //!   level label, peer readiness (a server whose k3s restarts is NotReady), the API
 //!   going down;
@@ -16,10 +19,11 @@
 //!   stands: files written so far stay, the step lock goes with it) and started again;
 //!   `regrade step down|up|to full` by hand (`hand::step_by_hand_with`), some SIGKILLed
 //!   mid-step; a reboot (k3s restarts from the drop-in, not asked by regrade);
-//! - slow API calls (a mark now and then takes 5–40 s).
+//! - slow API calls (a mark now and then takes 5–40 s) and lost replies (one Lease
+//!   write or mark in 20 lands but answers an error); the step stops a quarter of
+//!   the lease duration before its Lease could be taken over (`lease_safe_until`).
 //!
-//! Not simulated (yet): drains and PDBs, lost replies, clock offsets, a Lease renewal
-//! that lands late. Memory pressure comes from each server's own fixture PSI file,
+//! Not simulated (yet): drains and PDBs, clock offsets, a renewal that lands late. Memory pressure comes from each server's own fixture PSI file,
 //! rewritten at random moments.
 //!
 //! Checked after every event: **quorum** (no restart requested by regrade while another
@@ -206,7 +210,16 @@ impl Cluster for SimCluster {
         }
         w.lease = Some(self.me);
         w.renewed = Instant::now();
+        if w.rng.below(20) == 0 {
+            // A lost reply: the Lease was written, the answer never came.
+            w.say(format!("server{}'s Lease write landed, its reply lost", self.me));
+            return Err(refusal(RefusalKind::ApiUnreachable, "lease".into(), "the reply was lost".into()));
+        }
         Ok(())
+    }
+    fn lease_safe_until(&self) -> Option<Instant> {
+        let w = self.w.borrow();
+        (w.lease == Some(self.me)).then(|| w.renewed + LEASE_FOR * 3 / 4)
     }
     async fn hold(&self) -> anyhow::Error {
         loop {
@@ -243,6 +256,8 @@ impl Cluster for SimCluster {
         w.look_at_record(self.me);
         anyhow::ensure!(!w.api_down, "the API is down");
         w.label[self.me] = (level != Level::Full).then_some(level);
+        // A lost reply: the marks changed, the answer never came.
+        anyhow::ensure!(w.rng.below(20) != 0, "the reply was lost");
         Ok(())
     }
     async fn node_level(&self) -> anyhow::Result<Option<Level>> {
