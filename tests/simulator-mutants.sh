@@ -27,6 +27,20 @@ run() {
 }
 mut() { python3 -c "
 import sys; p,a,b=sys.argv[1:4]; s=open(p).read(); assert a in s, (p,a); s=s.replace(a,b,1); open(p,'w').write(s)" "$@"; }
+# follow_hand_steps as it was before issue 23: a settled record adopted from memory,
+# none decided again (faults 3 and 6 lived beside it).
+old_follow_hand_steps() {
+  mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
+            self.decide_again();
+        }
+    }" "        let Some(r) = self.keeper.on_disk() else { return };
+        if r.step.is_none() && r.level != self.keeper.level() && !matches!(self.pending, Pending::Resume(_)) {
+            self.ticker.state.step_ran(self.origin.elapsed(), r.level);
+            self.keeper.adopt(r);
+            self.ticker.mark_dirty();
+        }
+    }"
+}
 only=${ONLY:-12345 6}
 if [[ $only == *1* ]]; then
 mut src/step.rs "        match self.gate.before_restart().await {" "        match Ok::<u64, crate::cluster::Refusal>(0) {"
@@ -42,16 +56,7 @@ mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
             self.decide_again();
         }
         let notifier"
-mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
-            self.decide_again();
-        }
-    }" "        let Some(r) = self.keeper.on_disk() else { return };
-        if r.step.is_none() && r.level != self.keeper.level() && !matches!(self.pending, Pending::Resume(_)) {
-            self.ticker.state.step_ran(self.origin.elapsed(), r.level);
-            self.keeper.adopt(r);
-            self.ticker.mark_dirty();
-        }
-    }"
+old_follow_hand_steps
 run "3 a stale pending resume"; fi
 if [[ $only == *4* ]]; then
 mut src/watch/mod.rs "                Ok(Ok(_lock)) if self.keeper.moved_on_disk() => {" "                Ok(Ok(_lock)) if self.keeper.moved_on_disk() && self.keeper.on_disk().is_some_and(|r| r.step.is_none()) => {"
@@ -78,15 +83,6 @@ mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
             self.decide_again();
         }
         let notifier"
-mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
-            self.decide_again();
-        }
-    }" "        let Some(r) = self.keeper.on_disk() else { return };
-        if r.step.is_none() && r.level != self.keeper.level() && !matches!(self.pending, Pending::Resume(_)) {
-            self.ticker.state.step_ran(self.origin.elapsed(), r.level);
-            self.keeper.adopt(r);
-            self.ticker.mark_dirty();
-        }
-    }"
+old_follow_hand_steps
 run "6 pending marks from a stale level"; fi
 [ "$missed" = 0 ] || { echo "simulator-mutants: $missed fault(s) not found" >&2; exit 1; }

@@ -152,6 +152,17 @@ impl World {
     }
 }
 
+/// Waits, a second at a time, until server `i`'s k3s no longer restarts; `what`
+/// within `timeout` otherwise (the Node's readiness wait and k3s's health wait).
+async fn done_restarting(w: &Shared, i: usize, timeout: Duration, what: &str) -> anyhow::Result<()> {
+    let until = Instant::now() + timeout;
+    while w.borrow().restarting(i) {
+        anyhow::ensure!(Instant::now() < until, "{what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
 struct SimCluster {
     me: usize,
     w: Shared,
@@ -186,12 +197,7 @@ impl SimCluster {
 #[async_trait(?Send)]
 impl NodeReadiness for SimCluster {
     async fn wait_ready_since(&self, _: SystemTime, timeout: Duration) -> anyhow::Result<()> {
-        let until = Instant::now() + timeout;
-        while self.w.borrow().restarting(self.me) {
-            anyhow::ensure!(Instant::now() < until, "not Ready within {timeout:?}");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        Ok(())
+        done_restarting(&self.w, self.me, timeout, "not Ready").await
     }
 }
 
@@ -340,12 +346,7 @@ impl SimK3s {
         w.by_regrade[self.me] = true;
     }
     async fn healthy(&self) -> anyhow::Result<()> {
-        let until = Instant::now() + Duration::from_secs(60);
-        while self.w.borrow().restarting(self.me) {
-            anyhow::ensure!(Instant::now() < until, "k3s not healthy within 60s");
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        Ok(())
+        done_restarting(&self.w, self.me, Duration::from_secs(60), "k3s not healthy").await
     }
 }
 

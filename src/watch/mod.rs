@@ -619,10 +619,6 @@ mod tests {
         });
     }
 
-    fn between(from: Level, to: Level) -> Step {
-        Step::between(from, to)
-    }
-
     /// Was (issue 23, finding 3): an interrupted step left pending (its resume refused
     /// for a while) was re-run from memory after the operator had finished it by hand
     /// and gone back to full: control-plane -> etcd-only on a calm server at full. Now
@@ -638,7 +634,7 @@ mod tests {
         let (backend, k3s) = backend_with(Level::EtcdOnly, node);
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
-            assert_eq!(w.pending, Pending::Resume(between(Level::ControlPlane, Level::EtcdOnly)));
+            assert_eq!(w.pending, Pending::Resume(Step::between(Level::ControlPlane, Level::EtcdOnly)));
             // Meanwhile by hand: `regrade step` finished it, then `regrade step to full`.
             k3s.set(Level::Full);
             *label.borrow_mut() = Ok(None);
@@ -695,11 +691,11 @@ mod tests {
             // `regrade step down`, SIGKILLed once k3s restarted etcd-only.
             k3s.set(Level::EtcdOnly);
             record(&cfg, Level::ControlPlane, Some((Level::ControlPlane, Level::EtcdOnly, Phase::Restarting)));
-            w.step(Duration::from_secs(60), &between(Level::ControlPlane, Level::Full)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::ControlPlane, Level::Full)).await;
             assert_eq!(k3s.get(), Level::EtcdOnly, "no step from the stale level");
             assert_eq!(w.pending, Pending::Adopt);
             w.converge(Duration::from_secs(61)).await;
-            assert_eq!(w.pending, Pending::Resume(between(Level::ControlPlane, Level::EtcdOnly)));
+            assert_eq!(w.pending, Pending::Resume(Step::between(Level::ControlPlane, Level::EtcdOnly)));
             log.take();
             w.converge(Duration::from_secs(62)).await;
             assert_eq!(log.take()[..2], ["preflight", "acquire"], "finished under the Lease");
@@ -729,7 +725,7 @@ mod tests {
             w.follow_hand_steps();
             assert!(!w.backoff.due(), "and is not made due again by looking at the disk");
             *label.borrow_mut() = Ok(None); // the API answers again
-            w.step(Duration::from_secs(60), &between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane)).await;
             assert_eq!(k3s.get(), Level::ControlPlane, "the proposed step ran");
         });
     }
@@ -745,7 +741,7 @@ mod tests {
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             let held = level_keeper::StepLock::try_take(&cfg.level_record).unwrap().unwrap();
-            w.step(Duration::from_secs(60), &between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane)).await;
             assert_eq!(k3s.get(), Level::Full, "refused while the lock is held");
             let state: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
@@ -753,7 +749,7 @@ mod tests {
             let pid = format!("PID {}", std::process::id());
             assert!(state["refusal"]["message"].as_str().unwrap().contains(&pid), "{state}");
             drop(held);
-            w.step(Duration::from_secs(120), &between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(120), &Step::between(Level::Full, Level::ControlPlane)).await;
             assert_eq!(k3s.get(), Level::ControlPlane, "stepped once the lock was free");
         });
     }
