@@ -101,15 +101,7 @@ fn a_calm_sample_allocates_nothing() {
     };
     let sampler = Sampler::for_config(&cfg.pressure).unwrap();
     let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
-    // Warm up: the first samples start the calm streak and publish the state file.
-    for i in 0..3 {
-        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
-    }
-    let before = allocs();
-    for i in 3..1003 {
-        assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
-    }
-    let per_1000 = allocs() - before;
+    let per_1000 = allocations_in_1000_calm_ticks(&mut ticker);
     // Make sure a scrape overlapped the loop and saw what it stored.
     while scrapes.load(Ordering::Relaxed) < 2 {
         std::thread::yield_now();
@@ -156,6 +148,12 @@ fn cgroup_samples(dir: &std::path::Path, version: &str) -> u64 {
     assert!(sampler.memory_source().contains(version), "{}", sampler.memory_source());
     assert_eq!(sampler.sample().unwrap().mem_available, (3 << 30) + (1 << 20));
     let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::Act);
+    allocations_in_1000_calm_ticks(&mut ticker)
+}
+
+/// The allocations of 1000 calm ticks, after 3 that warm up (the first samples start
+/// the calm streak and publish the state file).
+fn allocations_in_1000_calm_ticks(ticker: &mut Ticker) -> u64 {
     for i in 0..3 {
         assert!(ticker.tick(Duration::from_secs(i)).unwrap().is_none());
     }
