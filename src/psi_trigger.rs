@@ -755,6 +755,16 @@ pub(crate) mod tests {
         assert_eq!(n, 1);
     }
 
+    /// Blocks until the kernel reports the [`fire`]d byte on `rx` (a duplicate of the
+    /// watched end): then a runtime polling its descriptors sees it, however late
+    /// loopback delivered it.
+    pub(crate) fn wait_urgent(rx: &std::os::fd::OwnedFd) {
+        let mut p = libc::pollfd { fd: rx.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+        // SAFETY: one valid pollfd, for the call's duration.
+        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert_eq!(n, 1, "the urgent byte never arrived");
+    }
+
     #[test]
     fn asleep_on_a_real_calm_trigger_only_the_safety_timeout_wakes() {
         let path = Path::new("/proc/pressure/memory");

@@ -858,8 +858,14 @@ mod tests {
 
     /// One path of [`trigger_and_polling_make_the_same_decisions`]: the pacing of
     /// `Watcher::run` (wait, sample, run the proposed step, choose how to wait next)
-    /// over fixture files that `timeline` rewrites in real time. `fire` is sent the
-    /// moment pressure reaches `threshold`, as the kernel fires a PSI trigger.
+    /// over fixture files that a timeline rewrites. `fire` is sent the moment pressure
+    /// reaches `threshold`, as the kernel fires a PSI trigger.
+    ///
+    /// Tokio's clock is paused, so time moves only when both the loop and the timeline
+    /// wait: the result is the same on an idle machine and a loaded one. (In real time,
+    /// two cores busy with the rest of the suite delayed one path by several periods.)
+    /// The trigger is still a real POLLPRI on a socket; the timeline waits until the
+    /// kernel reports it before it lets time move on.
     fn run_path(trigger: bool) -> (Vec<(Duration, Direction, Level, Level)>, usize) {
         let dir = tempfile::tempdir().unwrap();
         let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
@@ -880,22 +886,26 @@ mod tests {
         .unwrap();
         let ms = Duration::from_millis;
         let (rx, tx) = crate::psi_trigger::tests::urgent();
+        let pending = rx.try_clone().unwrap();
         let sampler = Sampler::open(&psi, &mem).unwrap();
         let mut ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::Full, Mode::DryRun);
-        let origin = std::time::Instant::now();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                // (when, pressure): calm at full, over (two steps down), calm (two steps
-                // up, back at full), over again.
-                for (at, p) in [(1000, 60.0), (2500, 0.0), (4500, 60.0)] {
-                    std::thread::sleep(ms(at).saturating_sub(origin.elapsed()));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let origin = tokio::time::Instant::now();
+            // (when, pressure): calm at full, over (two steps down), calm (two steps up,
+            // back at full), over again. Half a period off the polling samples, so no
+            // sample and no change fall on the same instant.
+            let timeline = async {
+                for (at, p) in [(1050, 60.0), (2550, 0.0), (4550, 60.0)] {
+                    tokio::time::sleep_until(origin + ms(at)).await;
                     write_psi(p);
                     if p >= 40.0 && trigger {
                         crate::psi_trigger::tests::fire(&tx);
+                        crate::psi_trigger::tests::wait_urgent(&pending);
                     }
                 }
-            });
-            runtime().unwrap().block_on(async {
+            };
+            let watch = async {
                 let mut pacer =
                     Pacer::with_safety(ms(100), ms(300), Duration::from_secs(60), trigger.then_some(rx), None).unwrap();
                 let (mut steps, mut samples) = (vec![], 0);
@@ -912,7 +922,11 @@ mod tests {
                     pacer.after_sample(ticker.calm_at_top());
                 }
                 (steps, samples)
-            })
+            };
+            // Time moves on to this if the loop sleeps on the trigger with nothing left to
+            // wake it: a path that missed a fire fails here instead of hanging.
+            let watch = tokio::time::timeout(ms(6000), watch);
+            tokio::join!(timeline, watch).1.expect("asleep on the trigger with pressure over")
         })
     }
 
@@ -921,11 +935,7 @@ mod tests {
     /// the calm at `full`.
     #[test]
     fn trigger_and_polling_make_the_same_decisions() {
-        let (polled, triggered) = std::thread::scope(|s| {
-            let p = s.spawn(|| run_path(false));
-            let t = s.spawn(|| run_path(true));
-            (p.join().unwrap(), t.join().unwrap())
-        });
+        let (polled, triggered) = (run_path(false), run_path(true));
         let kinds = |v: &[(Duration, Direction, Level, Level)]| v.iter().map(|s| (s.1, s.2, s.3)).collect::<Vec<_>>();
         use Level::*;
         let expected = [
@@ -938,9 +948,9 @@ mod tests {
         assert_eq!(kinds(&polled.0), expected, "polling: {:?}", polled.0);
         assert_eq!(kinds(&triggered.0), expected, "trigger: {:?}", triggered.0);
         for (p, t) in polled.0.iter().zip(&triggered.0) {
-            // Within a period (100 ms) and some scheduling noise of each other.
+            // Within a period of each other: the trigger path samples from the fire on.
             let gap = p.0.abs_diff(t.0);
-            assert!(gap < Duration::from_millis(250), "polling at {:?}, trigger at {:?}", p.0, t.0);
+            assert!(gap < Duration::from_millis(100), "polling at {:?}, trigger at {:?}", p.0, t.0);
         }
         // Polling samples about 55 times in 5.5 s; the trigger path sleeps through the
         // calm at full (0-1 s, and from about 4.1 s to 4.5 s) apart from the hold.
