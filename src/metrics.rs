@@ -372,9 +372,15 @@ fn monotonic_ns() -> u64 {
 
 // ---- The listener ----
 
-/// Connections open at once. At the cap, a new connection closes the oldest one that
-/// is not being answered, so clients that connect and wait cannot lock a probe out.
+/// Connections handed to hyper at once: each has sent a whole request head. At the
+/// cap, a newly handed one closes the oldest one that is not being answered.
 const MAX_CONNECTIONS: usize = 32;
+/// Connections waiting for their whole request head, at once. They cost a socket and
+/// a small task each, no HTTP state. At the cap a newcomer closes the oldest waiter:
+/// a real client sends its request as soon as it has connected, so the oldest waiter
+/// is one that sends nothing or a byte now and then. 32 + 256 sockets stay well
+/// inside systemd's default of 1,024 open files.
+const MAX_WAITING: usize = 256;
 /// A request head must arrive whole within this, from the connection's start or the
 /// previous answer: a client that sends nothing, or a byte now and then, is closed.
 const HEAD_DEADLINE: Duration = Duration::from_secs(5);
@@ -395,7 +401,7 @@ pub fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::from_std(std).with_context(|| format!("metrics.listen = \"{addr}\""))
 }
 
-/// One open connection, as the cap sees it.
+/// One open connection, as a cap sees it.
 struct Slot {
     id: u64,
     /// The connection's socket, to see whether a request waits unread in it. Only
@@ -408,35 +414,31 @@ struct Slot {
     evict: tokio::sync::Notify,
 }
 
-#[derive(Default)]
+/// The connections under one cap, oldest first.
 struct Slots {
-    /// Oldest first.
+    cap: usize,
     open: std::sync::Mutex<std::collections::VecDeque<Arc<Slot>>>,
     next_id: AtomicU64,
 }
 
 impl Slots {
-    /// A slot for a new connection (socket `fd`): at the cap, the oldest connection
-    /// not being answered and with no request waiting unread in its socket is closed
-    /// for it (else the oldest not being answered: a burst of newcomers is accepted
-    /// before any connection's task runs, and a probe that sent its request must not
-    /// be the one closed); `None` when every one is being answered (then the new one
-    /// is closed, and a retry soon gets in: answers take microseconds).
-    fn admit(&self, fd: std::os::fd::RawFd) -> Option<Arc<Slot>> {
+    fn new(cap: usize) -> Arc<Slots> {
+        Arc::new(Slots { cap, open: Default::default(), next_id: AtomicU64::new(0) })
+    }
+
+    /// A slot for a new connection (socket `fd`). At the cap, `closed_for_it` picks the
+    /// open one that is closed to make room (its index, oldest first); `None` from it
+    /// closes the new one instead.
+    fn admit(
+        self: &Arc<Self>,
+        fd: std::os::fd::RawFd,
+        closed_for_it: impl Fn(&std::collections::VecDeque<Arc<Slot>>) -> Option<usize>,
+    ) -> Option<(Arc<Slot>, Release)> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if open.len() >= MAX_CONNECTIONS {
-            let now = monotonic_ns();
-            let not_answered = |s: &Arc<Slot>| {
-                let since = s.answering_since.load(Relaxed);
-                since == 0 || now.saturating_sub(since) > ANSWER_GRACE.as_nanos() as u64
-            };
-            let waiting = open
-                .iter()
-                .position(|s| not_answered(s) && !unread(s.fd))
-                .or_else(|| open.iter().position(not_answered))?;
-            if let Some(old) = open.remove(waiting) {
-                old.evict.notify_one();
-            }
+        if open.len() >= self.cap {
+            let closed = closed_for_it(&open)?;
+            let old = open.remove(closed)?;
+            old.evict.notify_one();
         }
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Relaxed),
@@ -445,12 +447,25 @@ impl Slots {
             evict: tokio::sync::Notify::new(),
         });
         open.push_back(slot.clone());
-        Some(slot)
+        Some((slot.clone(), Release(self.clone(), slot.id)))
     }
 
     fn release(&self, id: u64) {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| s.id != id);
     }
+}
+
+/// Among connections handed to hyper: the oldest not being answered and with no
+/// request waiting unread in its socket (a kept-alive one between requests), else the
+/// oldest not being answered; `None` when every one is being answered (then the new
+/// one is closed, and a retry soon gets in: answers take microseconds).
+fn idle_longest(open: &std::collections::VecDeque<Arc<Slot>>) -> Option<usize> {
+    let now = monotonic_ns();
+    let not_answered = |s: &Arc<Slot>| {
+        let since = s.answering_since.load(Relaxed);
+        since == 0 || now.saturating_sub(since) > ANSWER_GRACE.as_nanos() as u64
+    };
+    open.iter().position(|s| not_answered(s) && !unread(s.fd)).or_else(|| open.iter().position(not_answered))
 }
 
 /// Whether bytes wait unread in socket `fd` (a request not read yet), or its peer
@@ -460,6 +475,53 @@ fn unread(fd: std::os::fd::RawFd) -> bool {
     // SAFETY: reads at most one byte into `b`; MSG_PEEK leaves it in the socket.
     let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     n > 0
+}
+
+/// What a waiting connection has sent so far, seen without taking it from the socket.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// A whole request head (or [`MAX_HEAD`] bytes, which hyper refuses): hand it on.
+    Whole,
+    /// Closed or reset by the client.
+    Gone,
+}
+
+/// Peeks at socket `fd`: `WouldBlock` while the head is not whole yet, so that
+/// tokio waits for more bytes (it clears the socket's readiness on `WouldBlock`).
+fn peek_head(fd: std::os::fd::RawFd) -> std::io::Result<Head> {
+    let mut buf = [0u8; MAX_HEAD];
+    // SAFETY: reads at most `buf.len()` bytes into `buf`; MSG_PEEK leaves them queued.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Err(e) } else { Ok(Head::Gone) };
+    }
+    let got = &buf[..n as usize];
+    if got.is_empty() {
+        Ok(Head::Gone)
+    } else if got.len() == MAX_HEAD || got.windows(2).any(|w| w == b"\n\n") || got.windows(4).any(|w| w == b"\r\n\r\n")
+    {
+        Ok(Head::Whole)
+    } else {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    }
+}
+
+/// Waits until the socket holds a whole request head, or the client has gone.
+///
+/// A client that closes its side after part of a head leaves the socket readable for
+/// good (tokio cannot clear a hang-up), so a partial head with the read side closed
+/// is gone; a whole head sent before the close is still answered.
+async fn whole_head(stream: &tokio::net::TcpStream) -> Head {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    loop {
+        let Ok(ready) = stream.ready(tokio::io::Interest::READABLE).await else { return Head::Gone };
+        match stream.try_io(tokio::io::Interest::READABLE, || peek_head(fd)) {
+            Ok(head) => return head,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && !ready.is_read_closed() => {}
+            Err(_) => return Head::Gone,
+        }
+    }
 }
 
 /// Gives a connection's slot back however its task ends.
@@ -473,17 +535,20 @@ impl Drop for Release {
 
 /// Serves `/metrics` and `/healthz` until the future is dropped.
 ///
-/// HTTP/1.1 with hyper's server (keep-alive, as Prometheus scrapes). What a client can
-/// hold is bounded: at most [`MAX_CONNECTIONS`] open, each closed if a request head
-/// does not arrive whole within [`HEAD_DEADLINE`] (of the start, or of the previous
-/// answer), and each at most [`MAX_CONNECTION_AGE`] old. At the cap a new connection
-/// closes the oldest one that is not being answered, so idle or slow clients cannot
-/// keep a probe out. The handlers only read atomics: the watcher never waits for a
-/// client.
+/// HTTP/1.1 with hyper's server (keep-alive, as Prometheus scrapes). A new connection
+/// first waits, without HTTP state, until its whole request head has arrived (at most
+/// [`MAX_WAITING`] wait; at the cap a newcomer closes the oldest waiter; each closed
+/// at [`HEAD_DEADLINE`]): clients that send nothing, or a byte now and then, never
+/// reach hyper. Only then is it handed to hyper (at most [`MAX_CONNECTIONS`]; at the
+/// cap the oldest one not being answered is closed for it), which reads the head it
+/// already has and answers at once. A kept-alive connection has [`HEAD_DEADLINE`] for
+/// each next head and is closed at [`MAX_CONNECTION_AGE`]. The handlers only read
+/// atomics: the watcher never waits for a client.
 ///
 /// `/healthz` is 200 while a good sample is younger than `max_sample_age`.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics, max_sample_age: MaxSampleAge) {
-    let slots = Arc::new(Slots::default());
+    let waiting = Slots::new(MAX_WAITING);
+    let served = Slots::new(MAX_CONNECTIONS);
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -494,14 +559,28 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
                 continue;
             }
         };
-        let Some(slot) = slots.admit(std::os::fd::AsRawFd::as_raw_fd(&stream)) else {
-            tracing::debug!("metrics listener: every connection is being answered; closing a new one");
-            continue;
-        };
-        let release = Release(slots.clone(), slot.id);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let Some((slot, release)) = waiting.admit(fd, |_| Some(0)) else { continue };
+        let served = served.clone();
         tokio::spawn(async move {
-            connection(stream, slot, metrics, max_sample_age).await;
+            let head = tokio::select! {
+                head = whole_head(&stream) => head,
+                _ = slot.evict.notified() => return,
+                _ = tokio::time::sleep(HEAD_DEADLINE) => return,
+            };
             drop(release);
+            if head != Head::Whole {
+                return;
+            }
+            let Some((slot, release)) = served.admit(fd, idle_longest) else {
+                tracing::debug!("metrics listener: every connection is being answered; closing a new one");
+                return;
+            };
+            // A task of its own: a waiter's task stays as small as waiting needs.
+            tokio::spawn(async move {
+                connection(stream, slot, metrics, max_sample_age).await;
+                drop(release);
+            });
         });
     }
 }
@@ -524,6 +603,9 @@ async fn connection(
         .header_read_timeout(HEAD_DEADLINE)
         .max_buf_size(MAX_HEAD)
         .keep_alive(true)
+        // A client may close its side once its request is sent (`curl` with a body
+        // from stdin, `nc -N`): answer it rather than take that for gone.
+        .half_close(true)
         // The header names as before (Content-Type, Content-Length), for human readers.
         .title_case_headers(true);
     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
@@ -915,11 +997,100 @@ mod tests {
         drop((silent, more));
     }
 
+    /// A real client sends its request right after connecting, but on a loaded host
+    /// "right after" can be milliseconds, in which a thousand reconnecting clients are
+    /// accepted. Here a probe connects and stays silent while 100 newcomers (more than
+    /// [`MAX_CONNECTIONS`]) connect and are accepted; then it sends, and is answered.
+    /// Past [`MAX_WAITING`] silent newcomers, the oldest waiters are the ones closed.
+    #[test]
+    fn a_probe_slow_to_send_is_not_closed_for_newcomers_and_the_oldest_waiters_are() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+            m.sampled(&sample(), Reading::Calm);
+            let addr = listening(m);
+            let healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            let mut probe = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut silent = Vec::new();
+            for _ in 0..100 {
+                silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+            }
+            // Connections are accepted in order, each given its slot as it is: once a
+            // later one is answered, all 100 were in before the probe sends.
+            let r = request(addr, healthz).await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+            probe.write_all(healthz.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            let read = tokio::time::timeout(Duration::from_secs(2), probe.read_to_string(&mut out)).await;
+            assert!(
+                matches!(read, Ok(Ok(_))) && out.starts_with("HTTP/1.1 200"),
+                "the probe was closed for newcomers: {read:?} {out:?}"
+            );
+
+            // Past the waiting cap: the oldest silent ones are closed, long before the
+            // deadline for a head.
+            for _ in 0..MAX_WAITING {
+                silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+            }
+            let r = request(addr, healthz).await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+            let t0 = std::time::Instant::now();
+            for (i, s) in silent.iter_mut().take(10).enumerate() {
+                let mut b = [0u8; 16];
+                let r = tokio::time::timeout(HEAD_DEADLINE / 2, s.read(&mut b)).await;
+                assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "waiter {i} still open past the cap: {r:?}");
+            }
+            eprintln!("the oldest waiters were closed within {:?} of the cap", t0.elapsed());
+        });
+    }
+
+    /// A client that sends part of a head and closes its side leaves its socket
+    /// readable for good: the listener closes it at once and goes on serving (a wait
+    /// that took the hang-up for "more bytes" would spin on the runtime's one thread,
+    /// and nothing else would run). A whole head sent before the close is answered.
+    #[test]
+    fn a_client_that_closes_after_part_of_a_head_is_closed_and_serving_goes_on() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+            m.sampled(&sample(), Reading::Calm);
+            // The listener on a thread of its own, as in watch: if it spun, this
+            // test's timeouts still fire.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async {
+                    tx.send(listening(m)).unwrap();
+                    std::future::pending::<()>().await
+                })
+            });
+            let addr = rx.recv().unwrap();
+            let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+            half.write_all(b"GET /healthz HTTP/1.1\r\nHo").await.unwrap();
+            half.shutdown().await.unwrap();
+            let mut b = [0u8; 16];
+            let r = tokio::time::timeout(HEAD_DEADLINE / 2, half.read(&mut b)).await;
+            assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "a half-closed partial head is still open: {r:?}");
+            let healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            let r = tokio::time::timeout(Duration::from_secs(2), request(addr, healthz)).await;
+            assert!(matches!(&r, Ok(r) if r.starts_with("HTTP/1.1 200")), "serving stopped: {r:?}");
+
+            let mut whole = tokio::net::TcpStream::connect(addr).await.unwrap();
+            whole.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+            whole.shutdown().await.unwrap();
+            let mut out = String::new();
+            let r = tokio::time::timeout(Duration::from_secs(2), whole.read_to_string(&mut out)).await;
+            assert!(matches!(r, Ok(Ok(_))) && out.starts_with("HTTP/1.1 200"), "{r:?} {out:?}");
+        });
+    }
+
     #[test]
     fn idle_and_slow_clients_do_not_stop_healthz() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         const IDLE: usize = 64;
-        const SLOW: usize = 16;
+        const SLOW: usize = MAX_CONNECTIONS + 16;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));

@@ -5,13 +5,17 @@ phase and then a load phase: IDLE connections that open and send nothing, SLOW o
 that send a request head one byte a second (each reopened a second after the server
 closes it, so the load stays), one scrape of /metrics a second, and a /healthz probe
 every 100 ms on a new connection. watch's samples are timed by the STATUS= datagram
-it sends on NOTIFY_SOCKET at each sample (this script binds that socket). Prints the
-figures; judges nothing but says whether each target was met.
+it sends on NOTIFY_SOCKET at each sample (this script binds that socket). The load
+runs in a process of its own, apart from the probes and the scraper, as a real prober
+is apart from whoever floods the port: a probe's latency is then the server's, not
+the load's own event loop's. Prints the figures; judges nothing but says whether each
+target was met.
 
     python3 metrics_load.py PORT NOTIFY_SOCKET PID CALM_SECS LOAD_SECS PERIOD_SECS
 """
 
 import asyncio
+import multiprocessing
 import os
 import socket
 import sys
@@ -83,6 +87,24 @@ async def held_open(send_slowly: bool):
         if not stop.is_set():
             held["closed_by_server"] += 1
             await asyncio.sleep(1)
+
+
+def load_process(go, end, out):
+    """The idle and slow clients, in a process of their own: started on `go`, stopped
+    on `end`; sends the counts of `held` at the end through `out`."""
+    go.wait()
+
+    async def run():
+        loaders = [asyncio.create_task(held_open(False)) for _ in range(IDLE)]
+        loaders += [asyncio.create_task(held_open(True)) for _ in range(SLOW)]
+        while not end.is_set():
+            await asyncio.sleep(0.1)
+        peak = dict(held)
+        stop.set()
+        await asyncio.gather(*loaders, return_exceptions=True)
+        out.send(peak)
+
+    asyncio.run(run())
 
 
 async def get(path: str, timeout: float):
@@ -201,13 +223,13 @@ async def main():
     phase = "calm"
     await asyncio.sleep(CALM)
     phase = "load"
-    loaders = [asyncio.create_task(held_open(False)) for _ in range(IDLE)]
-    loaders += [asyncio.create_task(held_open(True)) for _ in range(SLOW)]
+    LOAD_GO.set()
     await asyncio.sleep(LOAD)
-    peak = dict(held)
     phase = "done"
+    LOAD_END.set()
+    peak = await asyncio.get_running_loop().run_in_executor(None, LOAD_OUT[0].recv)
     stop.set()
-    await asyncio.gather(*tasks, *loaders, return_exceptions=True)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
     print(f"metrics listener under load, loopback, {IDLE} idle + {SLOW} slow clients, a scrape a second, "
           f"a /healthz probe every 100 ms (calm {CALM:g} s, then load {LOAD:g} s)")
@@ -225,4 +247,11 @@ async def main():
           f"samples on time {'met' if on_time else 'MISSED'}")
 
 
+# Forked before any event loop exists; it waits for LOAD_GO.
+fork = multiprocessing.get_context("fork")
+LOAD_GO, LOAD_END = fork.Event(), fork.Event()
+LOAD_OUT = fork.Pipe(duplex=False)
+loader = fork.Process(target=load_process, args=(LOAD_GO, LOAD_END, LOAD_OUT[1]), daemon=True)
+loader.start()
 asyncio.run(main())
+loader.join(10)

@@ -6,7 +6,7 @@
 # phase (a scrape of /metrics a second, a /healthz probe every 100 ms), then the load:
 # 1,000 connections that open and send nothing and 200 that send a request head a
 # byte a second (each reopened a second after the server closes it), beside the same
-# scraper and probes. Prints /healthz latency (max, p99; each probe within 100 ms?),
+# scraper and probes (run from a process of their own, apart from the load's). Prints /healthz latency (max, p99; each probe within 100 ms?),
 # scrapes complete (ok/total), whether watch's samples stayed on time (timed by the
 # STATUS= datagram it sends at each sample to NOTIFY_SOCKET, bound here), and VmRSS
 # under load against the calm phase (target within 1 MiB). Nothing fails on the
@@ -54,4 +54,12 @@ rpid=$!
 python3 tests/bench/metrics_load.py "$port" "$work/notify" "$rpid" "$calm" "$load" 1 ||
   { echo "metrics_load: the load script failed; watch's log:" >&2; cat "$work/regrade.log" >&2; exit 1; }
 kill -0 $rpid 2>/dev/null || { echo "metrics_load: watch died:" >&2; cat "$work/regrade.log" >&2; exit 1; }
-kill $rpid; wait $rpid 2>/dev/null || true
+# A listener stuck in a loop would also keep watch from its SIGTERM: that fails the run.
+kill $rpid
+for _ in $(seq 100); do kill -0 $rpid 2>/dev/null || break; sleep 0.1; done
+if kill -0 $rpid 2>/dev/null; then
+  echo "metrics_load: watch did not stop within 10 s of SIGTERM" >&2
+  kill -9 $rpid
+  exit 1
+fi
+wait $rpid 2>/dev/null || true
