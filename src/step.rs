@@ -56,7 +56,8 @@ pub async fn run(
     levels: &LevelsConfig,
     keeper: &Keeper,
 ) -> Outcome {
-    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper }, Mode::Fresh)).await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, started: Instant::now() }, Mode::Fresh))
+        .await
 }
 
 /// Finishes `step`, which a killed process began and got as far as restarting k3s
@@ -70,7 +71,8 @@ pub async fn resume(
     levels: &LevelsConfig,
     keeper: &Keeper,
 ) -> Outcome {
-    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper }, Mode::Resume)).await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, started: Instant::now() }, Mode::Resume))
+        .await
 }
 
 async fn counted(step: &Step, running: impl std::future::Future<Output = Outcome>) -> Outcome {
@@ -146,24 +148,42 @@ struct Parts<'a> {
     etcd: &'a dyn RestartGate,
     levels: &'a LevelsConfig,
     keeper: &'a Keeper,
+    /// When the step began: its progress lines say how long after.
+    started: Instant,
 }
 
 async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) -> Outcome {
-    let Parts { cluster, etcd, levels, .. } = p;
+    let Parts { cluster, etcd, levels, started, .. } = p;
     let restart = levels.needs_restart(step.from, step.to);
     // Read-only first: while a peer is down, a pressured server retries every sample,
-    // and must not write the Lease (take and give back) each time.
-    if let Err(refusal) = cluster.preflight(step).await {
-        return Outcome::Refused(refusal);
-    }
-    if restart {
-        if let Err(refusal) = etcd.before_restart().await {
-            return Outcome::Refused(refusal);
+    // and must not write the Lease (take and give back) each time. The peers and etcd
+    // are asked at once (each answer is slow under pressure); the peers' refusal comes
+    // first when both refuse.
+    let peers = async {
+        let r = cluster.preflight(step).await;
+        if r.is_ok() {
+            progress_line(started, "the peers allow the step");
         }
+        r
+    };
+    let etcd_first = async {
+        if !restart {
+            return Ok(());
+        }
+        let r = etcd.before_restart().await.map(|_| ());
+        if r.is_ok() {
+            progress_line(started, "etcd allows the restart");
+        }
+        r
+    };
+    let (peers, etcd_first) = tokio::join!(peers, etcd_first);
+    if let Err(refusal) = peers.and(etcd_first) {
+        return Outcome::Refused(refusal);
     }
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
+    progress_line(started, "took the Lease");
     METRICS.set_lease_held(true);
     // From here to the release the Lease is renewed on its own timer, whatever the
     // step awaits (the etcd check, the marks, the actuator, a rollback).
@@ -198,14 +218,17 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
 /// Lease, then the marks and the level, cut short at the step's deadline or once the
 /// Lease is no longer surely ours, and then rolled back.
 async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode, restart: bool) -> Outcome {
-    let Parts { cluster, etcd, levels, keeper } = p;
+    let Parts { cluster, etcd, levels, keeper, .. } = p;
     let deadline = tokio::time::Instant::now() + levels.step_timeout.0;
     // Under the Lease, the answer that counts: another server's restart may have ended
     // (and its Lease been released) between the two looks only once its member was back.
     let me = if restart {
         tokio::select! {
             answer = etcd.before_restart() => match answer {
-                Ok(me) => Some(me),
+                Ok(me) => {
+                    progress_line(p.started, "etcd allows the restart, asked again under the Lease");
+                    Some(me)
+                }
                 Err(refusal) => return Outcome::Refused(refusal),
             },
             why = cut(deadline, cluster, levels) => return Outcome::Refused(Refusal {
@@ -248,6 +271,12 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
     past_deadline(step, actuator, p, &why).await
 }
 
+/// A line of the step's progress in the journal, with the time since the step began: where
+/// a step's own share of its time goes (each call under pressure) is read from these.
+fn progress_line(started: Instant, what: &str) {
+    tracing::info!(after_ms = started.elapsed().as_millis() as u64, "{what}");
+}
+
 /// Ends at the step's `deadline` or at [`Cluster::lease_safe_until`], whichever comes
 /// first (the latter moves on with every renewal that lands), saying which.
 async fn cut(deadline: tokio::time::Instant, cluster: &dyn Cluster, levels: &LevelsConfig) -> String {
@@ -279,7 +308,7 @@ async fn under_lease(
     mode: Mode,
     me: Option<u64>,
 ) -> Result<anyhow::Result<()>, Refusal> {
-    let Parts { cluster, etcd, levels, keeper } = p;
+    let Parts { cluster, etcd, levels, keeper, .. } = p;
     // Down: the marks go first (cordon and taint free memory before any restart). If
     // they cannot be set, k3s has not changed: the step is undone and refused. The
     // PATCH may have reached the API server all the same (its reply lost), so the
@@ -299,6 +328,7 @@ async fn under_lease(
             });
         }
         kill_point::reached("after-marks");
+        progress_line(p.started, "the Node is marked");
     }
     let applying = async {
         apply(step, &mut *actuator, Tracked { cluster, keeper, gate: etcd }, levels, mode).await?;
@@ -323,7 +353,7 @@ async fn under_lease(
 /// `restoring`, so the undoing is finished under the Lease by `watch` (or the next
 /// start), as after a crash.
 async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, why: &str) -> Outcome {
-    let Parts { cluster, etcd, levels, keeper } = p;
+    let Parts { cluster, etcd, levels, keeper, .. } = p;
     let phase = keeper.record().step.map_or(Phase::Leased, |s| s.phase);
     let restarted = levels.needs_restart(step.from, step.to) && phase >= Phase::Restarting;
     let cut = format!("{why} (it was at phase {phase})");
@@ -663,9 +693,12 @@ mod tests {
         let refusal =
             Refusal { kind: RefusalKind::LeaseHeld, subject: "server-2".into(), message: "held by server-2".into() };
         let c = FakeCluster { refuse: Some(refusal.clone()), ..FakeCluster::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        // etcd refuses too: the peers and etcd are asked at once, and the peers' refusal
+        // is the one reported.
+        let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
-        assert_eq!(log.take(), ["preflight"], "refused read-only: the Lease was never written");
+        assert_eq!(log.take(), ["preflight", "etcd check"], "refused read-only: the Lease was never written");
         assert_eq!(a.level(), Level::ControlPlane);
     }
 

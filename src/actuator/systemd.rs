@@ -183,7 +183,13 @@ impl SystemdActuator {
         }
         systemd.restart().await?;
         kill_point::reached("after-restart-request");
-        tracing::info!(unit = %unit, level = %level, "restarted k3s; waiting for a new process and etcd's health");
+        // The step's own share ends here: from the decision ("stepping") through "drop-in
+        // written" to this line, regrade works; after it, k3s and etcd do.
+        tracing::info!(
+            unit = %unit,
+            level = %level,
+            "restart requested; waiting for a new process and etcd's health"
+        );
         // The new run's InvocationID and when it was first seen. The readiness wait
         // counts from then, not from RestartUnit: the old kubelet renews its node Lease
         // while k3s stops (and Ready stays True for ~40 s), so a heartbeat newer than
@@ -296,6 +302,12 @@ impl SystemdActuator {
         readiness.progress(Phase::Writing);
         // A failed write leaves the old file whole (see dropin::put): nothing to undo.
         dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes)).with_context(unchanged)?;
+        tracing::info!(
+            dropin = %self.cfg.dropin.display(),
+            from = %from,
+            to = %level,
+            "drop-in written; requesting the restart of k3s"
+        );
         kill_point::reached("after-dropin");
         match self.restart_with(&systemd, before, level, readiness, true).await {
             Ok(()) => Ok(()),

@@ -167,6 +167,28 @@ impl Endpoints {
         Err(CallError::Unreachable { what, tried })
     }
 
+    /// From now on, every call is tried first at another server's API server: the
+    /// first endpoint that is neither the kubeconfig's own server nor at an address of
+    /// this host. For a step down: this server is under memory pressure, and its own
+    /// API server is the slowest to answer (under a thrash it can hang each call for
+    /// the whole `request_timeout`). Nothing changes while the calls already go
+    /// elsewhere, or when no other endpoint is known. A failure moves on in turn as
+    /// ever, to this server's own API server too.
+    pub async fn ask_others_first(&self) {
+        if self.load("choosing an API server").await.is_err() {
+            return; // the call itself will say why
+        }
+        let guard = self.loaded.borrow();
+        let Some(l) = guard.as_ref() else { return };
+        if !on_this_host(&l.endpoints[self.preferred.get()].url, &l.local) {
+            return;
+        }
+        if let Some(i) = l.endpoints.iter().position(|e| !on_this_host(&e.url, &l.local)) {
+            tracing::debug!(endpoint = %l.endpoints[i].url, "stepping down: asking another server's API server first");
+            self.preferred.set(i);
+        }
+    }
+
     fn url(&self, i: usize) -> String {
         self.loaded.borrow().as_ref().map(|l| l.endpoints[i].url.clone()).unwrap_or_default()
     }
@@ -287,6 +309,22 @@ impl Endpoints {
     }
 }
 
+/// Whether `url` reaches this host's own API server: the kubeconfig's server
+/// (`local`), or an IP address of this host (a loopback address, or one a socket can be
+/// bound to here: a discovered endpoint is this server's too). A name is taken for
+/// another host.
+fn on_this_host(url: &str, local: &str) -> bool {
+    if url == local {
+        return true;
+    }
+    let Ok(uri) = url.parse::<http::Uri>() else { return false };
+    let Some(host) = uri.host() else { return false };
+    let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() else {
+        return false;
+    };
+    ip.is_loopback() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// `https://addr:port` for each ready address in an EndpointSlice. Only IP addresses
 /// of the slice's own family are taken: the slice is data from the cluster, and a
 /// string that is no address must not turn into some other URL.
@@ -330,7 +368,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint as SliceEndpoint, EndpointConditions, EndpointPort};
 
@@ -366,6 +404,85 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(urls_of(&odd), ["https://10.0.0.3:6443"]);
+    }
+
+    #[test]
+    fn this_hosts_own_api_server_is_told_from_the_others() {
+        let local = "https://kubernetes.local:6443";
+        assert!(on_this_host(local, local), "the kubeconfig's own server");
+        assert!(on_this_host("https://127.0.0.1:6443", local));
+        assert!(on_this_host("https://127.0.0.9:6443", local), "all of 127/8 is this host");
+        assert!(on_this_host("https://[::1]:6443", local));
+        assert!(!on_this_host("https://server2.example:6443", local), "a name is another host");
+        // An address assigned here is this host's (a build machine here had 192.0.2.2
+        // on eth0); one that is not, is another's.
+        let [a, b] = elsewhere();
+        assert!(!on_this_host(&a, local) && !on_this_host(&b, local), "{a} {b}");
+        let here = std::net::UdpSocket::bind("0.0.0.0:0")
+            .and_then(|s| s.connect(("192.0.2.77", 9)).and(s.local_addr()))
+            .map(|a| a.ip())
+            .ok()
+            .filter(|ip| !ip.is_unspecified() && !ip.is_loopback());
+        if let Some(ip) = here {
+            assert!(on_this_host(&format!("https://{ip}:6443"), local), "{ip}, this host's own route source");
+        }
+    }
+
+    /// A kubeconfig at `dir/kubeconfig` for the API server at `server` (a token, no
+    /// certificate checked).
+    pub(crate) fn kubeconfig_at(dir: &std::path::Path, server: &str) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    \
+             insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+             current-context: c\nusers:\n- name: u\n  user:\n    token: t\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Two documentation addresses (TEST-NET-1..3) not assigned to this host.
+    pub(crate) fn elsewhere() -> [String; 2] {
+        let free: Vec<String> = ["192.0.2", "198.51.100", "203.0.113"]
+            .iter()
+            .flat_map(|net| (1..=9).map(move |h| format!("{net}.{h}")))
+            .filter(|ip| std::net::UdpSocket::bind((ip.parse::<std::net::IpAddr>().unwrap(), 0)).is_err())
+            .map(|ip| format!("https://{ip}:6443"))
+            .take(2)
+            .collect();
+        [free[0].clone(), free[1].clone()]
+    }
+
+    /// A kubeconfig at this host and two other servers: after `ask_others_first`
+    /// the first try goes to the first other one, and stays there.
+    #[test]
+    fn a_step_down_asks_another_server_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = kubeconfig_at(dir.path(), "https://127.0.0.1:6443");
+        let settings = |api_servers: Vec<String>| EndpointSettings {
+            kubeconfig: kubeconfig.clone(),
+            api_servers,
+            tls_server_name: None,
+            request_timeout: Duration::from_secs(1),
+            cache: None,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let [a, b] = elsewhere();
+            let eps = Endpoints::new(settings(vec!["https://127.0.0.2:6443".to_string(), a.clone(), b]));
+            assert_eq!(eps.preferred.get(), 0, "the kubeconfig's own server first");
+            eps.ask_others_first().await;
+            assert_eq!(eps.urls().await.unwrap()[eps.preferred.get()], a, "past 127.0.0.2, this host's");
+            // Once elsewhere (here: the second other server answered), it stays there.
+            eps.preferred.set(3);
+            eps.ask_others_first().await;
+            assert_eq!(eps.preferred.get(), 3);
+
+            // Only this host's own servers known: nothing to move to.
+            let alone = Endpoints::new(settings(vec!["https://127.0.0.2:6443".into()]));
+            alone.ask_others_first().await;
+            assert_eq!(alone.preferred.get(), 0);
+        });
     }
 
     #[test]

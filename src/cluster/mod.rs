@@ -346,8 +346,14 @@ impl Cluster for KubeCluster {
     }
 
     async fn preflight(&self, step: &Step) -> Result<(), Refusal> {
-        self.lease.check(&self.endpoints).await?;
-        self.check_peers(step).await
+        if step.direction == Direction::Down {
+            self.endpoints.ask_others_first().await;
+        }
+        // Both read only: asked at once, since under pressure each answer is slow. The
+        // Lease's refusal comes first when both refuse.
+        let (lease, peers) = tokio::join!(self.lease.check(&self.endpoints), self.check_peers(step));
+        lease?;
+        peers
     }
 
     async fn acquire(&self, step: &Step) -> Result<(), Refusal> {
@@ -439,6 +445,7 @@ impl Cluster for KubeCluster {
 mod tests {
     use std::time::Duration;
 
+    use super::endpoints::tests::{elsewhere, kubeconfig_at};
     use super::{drain, Cluster, KubeCluster};
     use crate::config::Config;
     use crate::level::Level;
@@ -451,17 +458,7 @@ mod tests {
     fn a_dropped_drain_is_published_as_not_running() {
         let dir = tempfile::tempdir().unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{}\n    \
-                 insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
-                 current-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
-                listener.local_addr().unwrap()
-            ),
-        )
-        .unwrap();
+        let kubeconfig = kubeconfig_at(dir.path(), &format!("https://{}", listener.local_addr().unwrap()));
         let mut cfg = Config::default();
         cfg.cluster.kubeconfig = Some(kubeconfig);
         cfg.cluster.node_name = Some("server-1".into());
@@ -481,6 +478,41 @@ mod tests {
         assert!(!published.running && !published.is_live(), "{published:?}");
         let why = published.report.error.clone().unwrap_or_default();
         assert!(why.contains("cut short"), "{published:?}");
+        drop(listener);
+    }
+
+    /// A step down asks another server's API server before this host's own; a step up
+    /// asks this host's first. Seen in the order a refusal names the endpoints it
+    /// tried: here the kubeconfig's server accepts and never answers, and the other is
+    /// a documentation address nothing answers at.
+    #[test]
+    fn a_step_down_tries_another_servers_api_server_first() {
+        use crate::decide::{Direction, Step};
+        let dir = tempfile::tempdir().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = format!("https://{}", listener.local_addr().unwrap());
+        let kubeconfig = kubeconfig_at(dir.path(), &local);
+        let [other, _] = elsewhere();
+        let mut cfg = Config::default();
+        cfg.cluster.kubeconfig = Some(kubeconfig);
+        cfg.cluster.node_name = Some("server-1".into());
+        cfg.cluster.endpoints_cache = Default::default();
+        cfg.cluster.api_servers = vec![other.clone()];
+        cfg.cluster.request_timeout = crate::units::HumanDuration(Duration::from_millis(300));
+        let tried_first = |direction, from, to| {
+            let c = KubeCluster::new(&cfg.cluster, &cfg.levels).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let refusal = rt.block_on(c.preflight(&Step { direction, from, to })).unwrap_err();
+            let (at_local, at_other) = (refusal.message.find(&local), refusal.message.find(&other));
+            assert!(at_local.is_some() && at_other.is_some(), "both tried: {refusal}");
+            if at_other < at_local {
+                other.clone()
+            } else {
+                local.clone()
+            }
+        };
+        assert_eq!(tried_first(Direction::Down, Level::Full, Level::ControlPlane), other);
+        assert_eq!(tried_first(Direction::Up, Level::ControlPlane, Level::Full), local);
         drop(listener);
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::client::{Endpoint, EtcdClient, MemberList};
 use super::judge::{self, EtcdRefusal, View};
@@ -12,6 +13,17 @@ use super::EtcdConfig;
 
 /// How often [`EtcdGate::wait_back`] looks again.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
+
+/// A look at etcd slower than this is logged with where its time went.
+const SLOW_LOOK: Duration = Duration::from_millis(300);
+
+/// How long one look's two rounds took: the member list (and where from), then the
+/// statuses asked at once (the slowest: its member ID and time).
+struct LookTimes {
+    list: Duration,
+    list_from: Endpoint,
+    slowest_status: (u64, Duration),
+}
 
 /// Why the gate says no.
 #[derive(Debug)]
@@ -58,6 +70,12 @@ impl EtcdGate {
     /// asked at its own client URL (this member's at the endpoint that answered), all
     /// at once, each bounded by the request timeout.
     pub async fn look(&self) -> anyhow::Result<View> {
+        self.look_timed().await.map(|(view, _)| view)
+    }
+
+    /// [`Self::look`], and how long its two rounds took.
+    async fn look_timed(&self) -> anyhow::Result<(View, LookTimes)> {
+        let started = Instant::now();
         let mut errors = Vec::new();
         let mut found: Option<(Endpoint, MemberList)> = None;
         for ep in &self.endpoints {
@@ -71,6 +89,7 @@ impl EtcdGate {
         }
         let (local, list) =
             found.ok_or_else(|| anyhow!("the local etcd member did not answer: {}", errors.join("; ")))?;
+        let list_took = started.elapsed();
         let me = list.header.member_id;
         let mut asks = JoinSet::new();
         let mut statuses = Vec::new();
@@ -88,25 +107,43 @@ impl EtcdGate {
             };
             let (client, id) = (self.client.clone(), m.id);
             asks.spawn(async move {
+                let asked = Instant::now();
                 let mut last = String::from("no client URL");
                 for u in &urls {
                     match client.status(u).await {
-                        Ok(s) => return (id, Ok(s)),
+                        Ok(s) => return (id, Ok(s), asked.elapsed()),
                         Err(e) => last = format!("{e:#}"),
                     }
                 }
-                (id, Err(last))
+                (id, Err(last), asked.elapsed())
             });
         }
+        let mut slowest = (0, Duration::ZERO);
         while let Some(r) = asks.join_next().await {
-            statuses.push(r.context("a status request panicked")?);
+            let (id, status, took) = r.context("a status request panicked")?;
+            if took >= slowest.1 {
+                slowest = (id, took);
+            }
+            statuses.push((id, status));
         }
-        Ok(View { list, statuses })
+        let times = LookTimes { list: list_took, list_from: local, slowest_status: slowest };
+        Ok((View { list, statuses }, times))
     }
 
-    /// Before a restart: Ok(view) when this member may go down now.
+    /// Before a restart: Ok(view) when this member may go down now. A slow look says
+    /// in the journal which part was slow (under memory pressure, the local member).
     pub async fn check(&self) -> Result<View, GateError> {
-        let view = self.look().await.map_err(GateError::Unavailable)?;
+        let (view, times) = self.look_timed().await.map_err(GateError::Unavailable)?;
+        if times.list + times.slowest_status.1 >= SLOW_LOOK {
+            let name = view.list.members.iter().find(|m| m.id == times.slowest_status.0).map(|m| m.name.as_str());
+            tracing::info!(
+                list_ms = times.list.as_millis() as u64,
+                list_from = %times.list_from,
+                status_ms = times.slowest_status.1.as_millis() as u64,
+                slowest_member = name.unwrap_or(""),
+                "etcd answered slowly: the member list, then every member's status at once"
+            );
+        }
         judge::may_restart(&view, self.max_raft_lag).map_err(GateError::Refused)?;
         Ok(view)
     }
