@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every fuzz target for SECONDS each (default 15) and prints its executions.
+# Runs every fuzz target for SECONDS each (default 15) and prints its executions;
+# `--build` only builds them (tests/run builds and runs them in one background job beside the rig tests).
 # Needs `cargo +nightly` and cargo-fuzz. The build lives outside the clone
 # (${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/fuzz-target) so CI reruns are quick.
 set -euo pipefail
@@ -10,6 +11,7 @@ target_dir="$cache/fuzz-target"
 mkdir -p "$target_dir"
 mapfile -t targets < <(cargo +nightly fuzz list)
 cargo +nightly fuzz build --target-dir "$target_dir" >&2
+[ "$secs" = --build ] && exit 0
 for t in "${targets[@]}"; do
   log=$(mktemp)
   # Each target starts from an empty corpus in a temp dir: nothing is left in the clone.

@@ -21,9 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use common::nspawn::Container;
+use common::three_servers::{
+    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, now, repo, run,
+    seed_k3s, Credentials, Network, RegradeKubeconfig,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
 use kube::api::{ListParams, PostParams};
@@ -36,51 +40,9 @@ const LABEL: &str = "regrade.dev/level";
 const TAINT: &str = "regrade.dev/stepped-down";
 const FIXTURES: &str = "var/lib/regrade-fixture";
 
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
-}
-
-fn addr(n: usize) -> String {
-    format!("10.213.7.1{n}")
-}
-
-/// The network namespace server `n` runs in (tests/e2e/netns.sh).
-fn netns(n: usize) -> String {
-    format!("regrade-e2e-s{n}")
-}
-
-/// Moves the calling thread (and the threads and processes it starts from now on) into
-/// the network namespace `name`.
-fn enter_netns(name: &str) {
-    let f = std::fs::File::open(format!("/run/netns/{name}")).unwrap_or_else(|e| panic!("netns {name}: {e}"));
-    use std::os::fd::AsRawFd;
-    // SAFETY: setns on a namespace file this test made; affects only this thread.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns {name}: {}", std::io::Error::last_os_error());
-}
-
-/// Runs `f` on a thread inside server `n`'s network namespace (its 127.0.0.1).
-fn in_netns<T: Send + 'static>(n: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        enter_netns(&netns(n));
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
 fn netns_sh(args: &[&str]) {
     let st = Command::new(repo("tests/e2e/netns.sh")).args(args).status().unwrap();
     assert!(st.success(), "tests/e2e/netns.sh {args:?}");
-}
-
-/// The rig's network namespaces; removed when the test ends (after the containers).
-struct Network;
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        let _ = Command::new(repo("tests/e2e/netns.sh")).arg("down").status();
-    }
 }
 
 /// A workload on the cluster: the real kube-controller-manager (deployment,
@@ -146,22 +108,6 @@ async fn workload_nodes(c: &kube::Client) -> Vec<String> {
         .collect();
     nodes.sort();
     nodes
-}
-
-/// The etcd member names of this run, k3s-style `server<N>-<8 hex>`.
-fn member_names() -> Vec<String> {
-    let seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 ^ u64::from(std::process::id());
-    (1..=3u64)
-        .map(|n| format!("server{n}-{:08x}", (seed.wrapping_mul(0x9e3779b97f4a7c15).rotate_left(n as u32 * 13)) as u32))
-        .collect()
-}
-
-fn api_url(n: usize) -> String {
-    format!("https://{}:6443", addr(n))
-}
-
-fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
 /// Polls `f` until it returns `Some`, or panics naming `what` after `within`.
@@ -344,16 +290,13 @@ impl Server {
 }
 
 /// A journal entry's field, as tracing-journald names it (upper case, prefixed).
-fn field<'a>(v: &'a Value, name: &str) -> &'a str {
-    v[format!("F_{name}")].as_str().or_else(|| v[name].as_str()).unwrap_or("?")
-}
-
 /// The milestones of every step that ran on `s` (from regrade's journal), with the
 /// time each phase took. Refused steps (retried every sample) are left out.
 fn timeline(s: &Server, origin: f64) -> String {
-    const MILESTONES: [(&str, &str); 8] = [
+    const MILESTONES: [(&str, &str); 9] = [
         ("step failed; restoring", "k3s failed; restoring"),
-        ("restarted k3s", "restart of k3s.service"),
+        ("drop-in written", "drop-in written"),
+        ("restart requested", "restart requested"),
         ("etcd is healthy after the restart", "etcd healthy"),
         ("the Node is Ready on a heartbeat newer", "Node Ready"),
         ("this etcd member is back and caught up", "etcd member caught up"),
@@ -522,35 +465,12 @@ impl Poller {
 /// The seeds of server `n`: its k3s config and certificates (ETC), its regrade.toml,
 /// calm fixture files and regrade.service enabled (root).
 fn seed(tmp: &Path, certs: &Path, names: &[String], n: usize) -> (PathBuf, PathBuf) {
-    let others: Vec<usize> = (1..=3).filter(|&m| m != n).collect();
-    let etc = tmp.join(format!("seed{n}/etc"));
-    let root = tmp.join(format!("seed{n}/root"));
-    std::fs::create_dir_all(etc.join("tls")).unwrap();
-    for e in std::fs::read_dir(certs).unwrap() {
-        let e = e.unwrap();
-        if e.file_name() != "admin.kubeconfig" {
-            std::fs::copy(e.path(), etc.join("tls").join(e.file_name())).unwrap();
-        }
-    }
-    let servers: String = others.iter().map(|&m| format!("  - {}\n", api_url(m))).collect();
-    let k3s = std::fs::read_to_string(repo("tests/e2e/k3s-config.yaml")).unwrap();
-    let cluster: Vec<String> = (1..=3).map(|m| format!("{}=https://{}:2380", names[m - 1], addr(m))).collect();
-    let k3s =
-        k3s.replace("@N@", &n.to_string()).replace("@SERVERS@\n", &servers).replace("@CLUSTER@", &cluster.join(","));
-    std::fs::write(etc.join("config.yaml"), k3s).unwrap();
-    // etcd's CAs, shared (k3s hands them to a joining server in its bootstrap data); each
-    // stand-in makes its own serving, peer and client certificates from them.
-    let etcd_tls = root.join("var/lib/rancher/k3s/server/tls/etcd");
-    std::fs::create_dir_all(&etcd_tls).unwrap();
-    for f in ["server-ca.crt", "server-ca.key", "peer-ca.crt", "peer-ca.key"] {
-        std::fs::copy(tmp.join("etcd-ca").join(f), etcd_tls.join(f)).unwrap();
-    }
-    let api_servers = others.iter().map(|&m| format!("{:?}", api_url(m))).collect::<Vec<_>>().join(", ");
+    let (etc, root) = seed_k3s(tmp, certs, names, n);
     let toml = std::fs::read_to_string(repo("tests/e2e/regrade.toml")).unwrap();
     std::fs::create_dir_all(root.join("etc/regrade")).unwrap();
     std::fs::write(
         root.join("etc/regrade/regrade.toml"),
-        toml.replace("@N@", &n.to_string()).replace("@API_SERVERS@", &api_servers),
+        toml.replace("@N@", &n.to_string()).replace("@API_SERVERS@", &api_servers_toml(n)),
     )
     .unwrap();
     let fixtures = root.join(FIXTURES);
@@ -565,12 +485,6 @@ fn seed(tmp: &Path, certs: &Path, names: &[String], n: usize) -> (PathBuf, PathB
     std::fs::create_dir_all(&wants).unwrap();
     std::os::unix::fs::symlink("../regrade.service", wants.join("regrade.service")).unwrap();
     (etc, root)
-}
-
-fn run(cmd: &Path, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{}: {e}", cmd.display()));
-    assert!(out.status.success(), "{} {args:?}: {}", cmd.display(), String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Waits until every server is at `full` (status and Node label) and regrade's Lease is
@@ -615,62 +529,11 @@ fn three_servers_end_to_end() {
     enter_netns("regrade-e2e-hub");
 
     let tmp = tempfile::tempdir().unwrap();
-    let etcd_ca = tmp.path().join("etcd-ca");
-    std::fs::create_dir_all(&etcd_ca).unwrap();
-    for ca in ["server-ca", "peer-ca"] {
-        run(
-            Path::new("openssl"),
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-days",
-                "2",
-                "-keyout",
-                etcd_ca.join(format!("{ca}.key")).to_str().unwrap(),
-                "-out",
-                etcd_ca.join(format!("{ca}.crt")).to_str().unwrap(),
-                "-subj",
-                &format!("/CN=etcd-{ca}"),
-            ],
-        );
-    }
-    let names = member_names();
-    let certs = tmp.path().join("certs");
-    run(
-        &bin.join("harness"),
-        &[
-            "certs",
-            certs.to_str().unwrap(),
-            "--host",
-            &addr(1),
-            "--host",
-            &addr(2),
-            "--host",
-            &addr(3),
-            "--server",
-            &api_url(2),
-        ],
-    );
+    let Credentials { etcd_ca, certs, names } = make_credentials(tmp.path(), &bin.join("harness"));
     let specs: Vec<(String, Vec<(&str, String)>)> = (1..=3)
         .map(|n| {
             let (etc, root) = seed(tmp.path(), &certs, &names, n);
-            (
-                format!("e2e-server{n}"),
-                vec![
-                    ("REGRADE_NSPAWN_ADDR", addr(n)),
-                    ("REGRADE_NSPAWN_NETNS", netns(n)),
-                    ("REGRADE_NSPAWN_API_PORT", "6443".into()),
-                    ("REGRADE_NSPAWN_NODE_NAME", format!("server{n}")),
-                    ("REGRADE_NSPAWN_SEED_ETC", etc.display().to_string()),
-                    ("REGRADE_NSPAWN_SEED_ROOT", root.display().to_string()),
-                    ("REGRADE_STANDIN_BIN_DIR", bin.display().to_string()),
-                ],
-            )
+            (format!("e2e-server{n}"), container_env(n, &etc, &root, &bin))
         })
         .collect();
     let specs: Vec<(&str, Vec<(&str, String)>)> = specs.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
@@ -717,18 +580,10 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
     }
     // regrade runs with a ServiceAccount token bound by deploy/rbac.yaml, not as admin.
     let admin_kc = certs.join("admin.kubeconfig");
-    run(
-        &bin.join("kubectl"),
-        &["--kubeconfig", admin_kc.to_str().unwrap(), "apply", "-f", repo("deploy/rbac.yaml").to_str().unwrap()],
-    );
-    let sa = certs.join("regrade-sa.kubeconfig");
-    run(&bin.join("harness"), &["mint-sa", admin_kc.to_str().unwrap(), "kube-system", "regrade", sa.to_str().unwrap()]);
-    let sa_text = std::fs::read_to_string(&sa).unwrap();
-    assert!(sa_text.contains("token:") && !sa_text.contains("client-key"), "{sa_text}");
+    let sa = RegradeKubeconfig::mint(bin, certs);
+    assert!(sa.text.contains("token:") && !sa.text.contains("client-key"), "{}", sa.text);
     for s in servers {
-        let text =
-            sa_text.replace(&certs.display().to_string(), "/etc/rancher/k3s/tls").replace(&api_url(2), &api_url(s.n));
-        std::fs::write(s.c.etc().join("regrade.kubeconfig"), text).unwrap();
+        std::fs::write(s.c.etc().join("regrade.kubeconfig"), sa.for_server(s.n)).unwrap();
     }
     phase("cluster up: 3 Nodes Ready, 3 etcd members, regrade.service active and at full on each");
 

@@ -38,6 +38,9 @@ pub mod etcd_cluster;
 /// A proxy in front of the API server that loses a Node PATCH's reply.
 pub mod lost_reply;
 
+/// The three-server rig of the e2e and the incident tests: addresses, namespaces, seeds.
+pub mod three_servers;
+
 /// The shared fakes (src/testing.rs): the readiness wait of the actuator tests.
 #[allow(unused_imports)] // used by the actuator tests only
 pub use regrade::testing::Readiness;

@@ -151,12 +151,32 @@ impl Container {
         self.exec(&["systemctl", "show", "-P", prop, "k3s.service"]).trim().to_string()
     }
 
-    /// How many times k3s.service has started (the hook logs one line per start).
+    /// How many times k3s.service has started so far as the journal shows.
     pub fn k3s_starts(&self) -> usize {
+        // systemd's own "Starting k3s.service" line, one per start. Not the record-start
+        // hook's line: journald files a line by its sender's cgroup, read when it handles
+        // the line, and a hook that has already exited by then is filed under no unit,
+        // so `-u k3s.service` misses it (a CI run on a loaded machine saw no line for a
+        // restart within 20 s). PID 1's lines always name their unit.
+        self.exec(&["journalctl", "--sync"]);
         self.exec(&["journalctl", "-u", "k3s.service", "-o", "cat", "--no-pager"])
             .lines()
-            .filter(|l| l.contains("recorded the level k3s starts at"))
+            .filter(|l| l.starts_with("Starting k3s.service"))
             .count()
+    }
+
+    /// How many times k3s.service has started, once the journal shows at least `n`
+    /// starts or 20 s have passed: journald stores a line some time after the start,
+    /// later still on a busy host.
+    pub fn k3s_starts_reaching(&self, n: usize) -> usize {
+        let t0 = Instant::now();
+        loop {
+            let starts = self.k3s_starts();
+            if starts >= n || t0.elapsed() > Duration::from_secs(20) {
+                return starts;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The stand-in's report of the flags it runs with.

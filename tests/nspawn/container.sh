@@ -26,6 +26,7 @@
 #
 # Inputs (env): REGRADE_BIN (the regrade binary to install; required for up),
 # REGRADE_STANDIN_BIN_DIR (k3s-standin and kube-apiserver; default: tests/rig/build.sh),
+# REGRADE_NSPAWN_MEMORY_CGROUP and REGRADE_NSPAWN_CAPABILITY (see boot),
 # REGRADE_NSPAWN_HEALTH_DELAY (default 3s), REGRADE_NSPAWN_NODE_NAME (the stand-in's
 # node and etcd member name; default regrade-test), REGRADE_TEST_CACHE.
 # Seeds, copied in before boot so k3s and regrade find them at their first start (the
@@ -120,13 +121,24 @@ reboot() {
 
 boot() {
   # netns: the caller's (up or reboot) local, which bash's dynamic scope shows here.
-  setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive "${netns[@]}" \
+  # With REGRADE_NSPAWN_MEMORY_CGROUP=DIR (a cgroup v1 memory cgroup the caller made)
+  # the container runs inside DIR (nspawn --keep-unit stays in its caller's cgroups),
+  # which is bound read-only at /run/regrade-memcg for pressure.memory_cgroup.
+  # REGRADE_NSPAWN_CAPABILITY=CAP_X[,...] adds capabilities to the container's bounding
+  # set (nspawn leaves out CAP_IPC_LOCK, which the packaged regrade.service keeps).
+  local memcg=()
+  [ -z "${REGRADE_NSPAWN_MEMORY_CGROUP:-}" ] || memcg=("--bind-ro=$REGRADE_NSPAWN_MEMORY_CGROUP:/run/regrade-memcg")
+  [ -z "${REGRADE_NSPAWN_CAPABILITY:-}" ] || memcg+=("--capability=$REGRADE_NSPAWN_CAPABILITY")
+  (
+  [ -z "${REGRADE_NSPAWN_MEMORY_CGROUP:-}" ] || echo "$BASHPID" > "$REGRADE_NSPAWN_MEMORY_CGROUP/cgroup.procs"
+  exec setsid systemd-nspawn --keep-unit --register=no -b -q --console=passive "${netns[@]}" "${memcg[@]}" \
     -D "$dir/root" -M "$name" \
     --bind="$dir/etc-k3s:/etc/rancher/k3s" --bind="$dir/run-regrade:/run/regrade" \
     --bind-ro="$REGRADE_BIN:/usr/local/bin/regrade" \
     --bind-ro="$bin/k3s-standin:/usr/local/bin/k3s-standin" \
     --bind-ro="$bin/kube-apiserver:/usr/local/bin/kube-apiserver" \
-    </dev/null >"$dir/console.log" 2>&1 &
+    </dev/null >"$dir/console.log" 2>&1
+  ) &
   local np=$!
   echo "$np" > "$dir/nspawn.pid"
   local p1="" bus=""

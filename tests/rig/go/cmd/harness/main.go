@@ -3,8 +3,11 @@
 //
 //	harness run [--bin-dir DIR] [--dir DIR]
 //	    Starts etcd and kube-apiserver (binaries from --bin-dir, default: this
-//	    executable's dir) on free 127.0.0.1 ports, with generated certs, a
-//	    service-account key, --authorization-mode=Node,RBAC, --anonymous-auth=false.
+//	    executable's dir) on free 127.0.0.1 ports (a start that loses a port to
+//	    another process before binding it starts again on new ones, up to 5
+//	    times; HARNESS_TAKE_A_PORT=1 takes etcd's first one, to check that),
+//	    with generated certs, a service-account key,
+//	    --authorization-mode=Node,RBAC, --anonymous-auth=false.
 //	    Prints the admin kubeconfig path (client cert in group system:masters)
 //	    as its FIRST stdout line once /readyz answers 200, then KEY=VALUE lines
 //	    (SERVER, CA, CERT, KEY, DIR, ETCD). Stays in the foreground until
@@ -30,6 +33,7 @@ import (
 	"crypto/x509"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -125,15 +129,6 @@ func run(args []string) {
 	if err := kube.EnsureCerts(certDir, nil); err != nil {
 		die("certs: %v", err)
 	}
-	cport, pport, mport, aport := freePort(), freePort(), freePort(), freePort()
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", cport)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	server := fmt.Sprintf("https://127.0.0.1:%d", aport)
-	kc := filepath.Join(dir, "admin.kubeconfig")
-	if err := kube.WriteAdminKubeconfig(kc, certDir, server); err != nil {
-		die("%v", err)
-	}
-
 	logf, err := os.Create(filepath.Join(dir, "harness.log"))
 	if err != nil {
 		die("%v", err)
@@ -147,13 +142,7 @@ func run(args []string) {
 		}
 		return c
 	}
-	etcd := start("etcd", "--name=harness", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=harness="+peerURL, "--initial-cluster-state=new",
-		fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", mport), "--log-level=warn")
-	api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
-	procs := []*exec.Cmd{api, etcd}
+	var procs []*exec.Cmd
 	stop := func() {
 		// Clients first: the API server's shutdown waits for their watches.
 		for _, c := range procs {
@@ -168,13 +157,13 @@ func run(args []string) {
 			}
 		}
 	}
-	died := make(chan string, 4)
-	go func() { etcd.Wait(); died <- "etcd" }()
-	go func() { api.Wait(); died <- "kube-apiserver" }()
+	cleanup := func() {
+		if *keep == "" {
+			os.RemoveAll(dir)
+		}
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-
-	// Wait for /readyz with the admin cert.
 	cert, err := tls.LoadX509KeyPair(filepath.Join(certDir, kube.AdminCert), filepath.Join(certDir, kube.AdminKey))
 	if err != nil {
 		die("%v", err)
@@ -183,29 +172,51 @@ func run(args []string) {
 	caPEM, _ := os.ReadFile(filepath.Join(certDir, kube.CACert))
 	pool.AppendCertsFromPEM(caPEM)
 	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		resp, err := hc.Get(server + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
+
+	// A free port is free only until someone binds it: tests run harnesses side by
+	// side, and any outgoing connection may take an ephemeral port. A start that
+	// lost one of its ports before binding it starts again on new ones.
+	var etcdURL, server string
+	kc := filepath.Join(dir, "admin.kubeconfig")
+	var died chan string
+	for try := 1; ; try++ {
+		cport, pport, mport, aport := freePort(), freePort(), freePort(), freePort()
+		etcdURL = fmt.Sprintf("http://127.0.0.1:%d", cport)
+		peerURL := fmt.Sprintf("http://127.0.0.1:%d", pport)
+		server = fmt.Sprintf("https://127.0.0.1:%d", aport)
+		if err := kube.WriteAdminKubeconfig(kc, certDir, server); err != nil {
+			die("%v", err)
+		}
+		logStart, _ := logf.Seek(0, io.SeekEnd)
+		if try == 1 && os.Getenv("HARNESS_TAKE_A_PORT") != "" {
+			// The rig's own check of the retry: another process has the client port.
+			if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", cport)); err == nil {
+				defer l.Close()
 			}
 		}
-		select {
-		case n := <-died:
-			stop()
-			b, _ := os.ReadFile(logf.Name())
-			die("%s exited before ready; log:\n%s", n, tail(string(b), 4000))
-		case <-sigs:
-			stop()
-			return
-		case <-time.After(300 * time.Millisecond):
+		etcd := start("etcd", "--name=harness", "--data-dir="+filepath.Join(dir, "etcd"),
+			"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+			"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+			"--initial-cluster=harness="+peerURL, "--initial-cluster-state=new",
+			fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", mport), "--log-level=warn")
+		api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
+		procs = []*exec.Cmd{api, etcd}
+		died = make(chan string, 4)
+		go func() { etcd.Wait(); died <- "etcd" }()
+		go func() { api.Wait(); died <- "kube-apiserver" }()
+		if ready(hc, server, died, sigs, stop, cleanup) {
+			break
 		}
-		if time.Now().After(deadline) {
-			stop()
-			die("kube-apiserver not ready after 3m; log in %s", logf.Name())
+		stop() // the one still running
+		b, _ := os.ReadFile(logf.Name())
+		thisTry := string(b[min(int(logStart), len(b)):])
+		if try < 5 && strings.Contains(thisTry, "address already in use") {
+			fmt.Fprintf(os.Stderr, "harness: a port was taken before etcd or kube-apiserver bound it; starting again on new ports (try %d of 5)\n", try+1)
+			os.RemoveAll(filepath.Join(dir, "etcd"))
+			continue
 		}
+		cleanup()
+		die("etcd or kube-apiserver exited before ready; log:\n%s", tail(thisTry, 4000))
 	}
 	// After /readyz: neither has anything to do before the API answers.
 	if *withKCM {
@@ -230,10 +241,37 @@ func run(args []string) {
 	case n := <-died:
 		fmt.Fprintf(os.Stderr, "harness: %s died; stopping\n", n)
 		stop()
-		if *keep == "" {
-			os.RemoveAll(dir)
-		}
+		cleanup()
 		os.Exit(1)
+	}
+}
+
+// ready waits for /readyz with the admin cert: true once it answers 200, false if
+// etcd or kube-apiserver exited first. A signal meanwhile stops both and exits.
+func ready(hc *http.Client, server string, died <-chan string, sigs <-chan os.Signal, stop func(), cleanup func()) bool {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		resp, err := hc.Get(server + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return true
+			}
+		}
+		select {
+		case <-died:
+			return false
+		case <-sigs:
+			stop()
+			cleanup()
+			os.Exit(0)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			cleanup()
+			die("kube-apiserver not ready after 3m")
+		}
 	}
 }
 

@@ -32,14 +32,36 @@
 // marked Running like any other, and never deleted by it except at the end of a
 // graceful deletion, as a kubelet would.
 //
+// Real processes (--exec-node NODE --exec-cgroup DIR; issue 26's incident
+// scenario): for a pod bound to NODE, when it is reported started, the stand-in
+// also runs its first container's command (spec.containers[0].command + args) as
+// a real process on this host: a shell writes its own PID into DIR/cgroup.procs
+// (a memory cgroup, NODE's own memory) and execs the command, so the process and
+// all it allocates are charged to that cgroup from its first instruction. No
+// image, no namespaces: the command is a host path. The process is the pod's:
+//   - a pod being deleted (evicted, or its Deployment scaled down) has its process
+//     killed (SIGKILL to its process group) when the deletion starts, then the
+//     deletion finishes at the end of the grace period as above;
+//   - a process that exits by itself (e.g. the cgroup's OOM killer) is reported
+//     as the container's lastState.terminated (exit code, reason "OOMKilled" when
+//     the kernel's SIGKILL ended it and the stand-in did not, "Error" otherwise),
+//     restartCount one more, and the command run again 5 s later (restartPolicy
+//     Always, as a kubelet would, with a fixed back-off).
+//
+// Pods on other Nodes get no process: they are only reported Running.
+//
 // Usage: kubelet-standin --kubeconfig FILE [--nodes a,b] [--schedule]
+//
+//	[--exec-node NODE --exec-cgroup DIR]
 package main
 
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sort"
 	"strings"
@@ -70,12 +92,25 @@ type standin struct {
 	mu       sync.Mutex
 	inFlight map[types.UID]string // what is being done to a pod, so it is done once
 	kick     chan struct{}
+
+	execNode   string
+	execCgroup string
+	procs      map[types.UID]*podProc // real processes of pods on execNode
+}
+
+// podProc is the real process of one pod's first container.
+type podProc struct {
+	cmd    *exec.Cmd
+	killed bool // by the stand-in (the pod is being deleted)
+	gone   bool // the pod is gone or being deleted: never run again
 }
 
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "admin kubeconfig")
 	nodes := flag.String("nodes", "", "comma-separated Node names to serve (empty: all)")
 	schedule := flag.Bool("schedule", false, "also bind unscheduled pods to a served Node")
+	execNode := flag.String("exec-node", "", "run the first container's command of pods on this Node as real processes")
+	execCgroup := flag.String("exec-cgroup", "", "the memory cgroup directory those processes are placed in")
 	flag.Parse()
 	log.SetPrefix("kubelet-standin: ")
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
@@ -94,6 +129,10 @@ func main() {
 		schedule: *schedule,
 		inFlight: map[types.UID]string{},
 		kick:     make(chan struct{}, 1),
+
+		execNode:   *execNode,
+		execCgroup: *execCgroup,
+		procs:      map[types.UID]*podProc{},
 	}
 	for _, n := range strings.Split(*nodes, ",") {
 		if n = strings.TrimSpace(n); n != "" {
@@ -117,6 +156,7 @@ func main() {
 	for {
 		select {
 		case <-ctx.Done():
+			s.killAll()
 			os.Exit(0)
 		case <-s.kick:
 		case <-tick.C:
@@ -181,6 +221,9 @@ func (s *standin) pass(ctx context.Context) {
 	}
 	for _, p := range pods {
 		p := p
+		if p.DeletionTimestamp != nil {
+			s.kill(p.UID)
+		}
 		switch {
 		case p.DeletionTimestamp != nil && s.serves(p.Spec.NodeName):
 			s.start(p, "finish", func() { s.finish(ctx, p) })
@@ -233,6 +276,115 @@ func (s *standin) run(ctx context.Context, p *corev1.Pod) {
 	_, err := s.cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, q, metav1.UpdateOptions{})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		log.Printf("run %s/%s: %v", p.Namespace, p.Name, err)
+		return
+	}
+	if err == nil && s.execNode != "" && p.Spec.NodeName == s.execNode && len(p.Spec.Containers) > 0 {
+		s.spawn(ctx, p)
+	}
+}
+
+// spawn starts p's process in the exec cgroup, and watches it until it ends.
+func (s *standin) spawn(ctx context.Context, p *corev1.Pod) {
+	c := p.Spec.Containers[0]
+	argv := append(append([]string{}, c.Command...), c.Args...)
+	if len(argv) == 0 {
+		log.Printf("exec %s/%s: no command", p.Namespace, p.Name)
+		return
+	}
+	s.mu.Lock()
+	if pp := s.procs[p.UID]; pp != nil && (pp.gone || pp.cmd.ProcessState == nil) {
+		s.mu.Unlock()
+		return // running, or the pod is going
+	}
+	sh := append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, s.execCgroup}, argv...)
+	cmd := exec.Command("/bin/sh", sh...)
+	// Its own process group (killed whole); killed too if the stand-in dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		s.mu.Unlock()
+		log.Printf("exec %s/%s: %v", p.Namespace, p.Name, err)
+		return
+	}
+	pp := &podProc{cmd: cmd}
+	s.procs[p.UID] = pp
+	s.mu.Unlock()
+	log.Printf("started process %d for %s/%s on %s in %s: %v", cmd.Process.Pid, p.Namespace, p.Name, p.Spec.NodeName, s.execCgroup, argv)
+	go func() {
+		werr := cmd.Wait()
+		s.mu.Lock()
+		killed, gone := pp.killed, pp.gone
+		s.mu.Unlock()
+		st := cmd.ProcessState
+		code, reason := int32(st.ExitCode()), "Error"
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int32(ws.Signal())
+			if ws.Signal() == syscall.SIGKILL && !killed {
+				reason = "OOMKilled"
+			}
+		}
+		log.Printf("process %d of %s/%s ended (%v; killed by the stand-in: %v): %s", cmd.Process.Pid, p.Namespace, p.Name, werr, killed, reason)
+		if gone {
+			return
+		}
+		s.terminated(ctx, p, code, reason)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+		s.mu.Lock()
+		again := !pp.gone
+		s.mu.Unlock()
+		if again {
+			s.spawn(ctx, p)
+		}
+	}()
+}
+
+// terminated reports the end of p's process as a container restart.
+func (s *standin) terminated(ctx context.Context, p *corev1.Pod, code int32, reason string) {
+	cur, err := s.cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+	if err != nil || cur.UID != p.UID || len(cur.Status.ContainerStatuses) == 0 {
+		return
+	}
+	q := cur.DeepCopy()
+	now := metav1.Now()
+	cs := &q.Status.ContainerStatuses[0]
+	cs.RestartCount++
+	cs.LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+		ExitCode: code, Reason: reason, FinishedAt: now,
+		Message: fmt.Sprintf("process ended with code %d", code)}}
+	if _, err := s.cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		log.Printf("terminated %s/%s: %v", p.Namespace, p.Name, err)
+	}
+}
+
+// kill ends the process of a pod being deleted, once; it is never run again.
+func (s *standin) kill(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pp := s.procs[uid]
+	if pp == nil || pp.gone {
+		return
+	}
+	pp.gone = true
+	if pp.cmd.ProcessState == nil {
+		pp.killed = true
+		_ = syscall.Kill(-pp.cmd.Process.Pid, syscall.SIGKILL)
+		log.Printf("killed process %d: its pod is being deleted", pp.cmd.Process.Pid)
+	}
+}
+
+func (s *standin) killAll() {
+	s.mu.Lock()
+	uids := []types.UID{}
+	for uid := range s.procs {
+		uids = append(uids, uid)
+	}
+	s.mu.Unlock()
+	for _, uid := range uids {
+		s.kill(uid)
 	}
 }
 
