@@ -409,10 +409,25 @@ fn pss_kb(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-fn majflt(pid: i32) -> Option<u64> {
+/// A process's major faults and CPU time (user + system) so far, from `/proc/PID/stat`.
+#[derive(Clone, Copy, Debug)]
+struct Cost {
+    majflt: u64,
+    cpu_ticks: u64,
+}
+
+fn cost(pid: i32) -> Option<Cost> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    rest.split_whitespace().nth(9)?.parse().ok()
+    let rest: Vec<&str> = s[s.rfind(')')? + 2..].split_whitespace().collect();
+    // After the name: state is field 0, majflt 9, utime 11, stime 12 (proc(5)).
+    let num = |i: usize| rest.get(i)?.parse::<u64>().ok();
+    Some(Cost { majflt: num(9)?, cpu_ticks: num(11)? + num(12)? })
+}
+
+/// Clock ticks per second, the unit of `/proc/PID/stat`'s times.
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf reads a constant.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).max(1) as f64
 }
 
 #[derive(Clone, Debug)]
@@ -422,7 +437,7 @@ struct Sample {
     cg_available: u64,
     pss_kb: u64,
     host_available_kb: u64,
-    regrade_majflt: Option<u64>,
+    regrade_cost: Option<Cost>,
 }
 
 /// Samples every 250 ms until stopped; kills the workload if the host's MemAvailable
@@ -452,7 +467,7 @@ impl Sampler {
                     cg_available: cg.available(),
                     pss_kb: cg.pids().into_iter().map(pss_kb).sum(),
                     host_available_kb,
-                    regrade_majflt: regrade_pid.and_then(majflt),
+                    regrade_cost: regrade_pid.and_then(cost),
                 };
                 v.lock().unwrap().push(sample);
                 std::thread::sleep(Duration::from_millis(250));
@@ -1130,7 +1145,7 @@ async fn scale_to_zero(c: &kube::Client) -> Result<(), kube::Error> {
 }
 
 /// regrade's steps in its journal since `t0`: RSS of server1's processes at each
-/// level (from the samples), and per step its major faults and its own share.
+/// level (from the samples), and per step its major faults, CPU time and its share.
 fn regrade_figures(s1: &Server, t0: f64, samples: &[Sample]) -> (String, String) {
     let journal = s1.journal("regrade.service", t0);
     let at = |t: f64| samples.iter().rev().find(|s| s.t <= t).or(samples.first());
@@ -1154,9 +1169,13 @@ fn regrade_figures(s1: &Server, t0: f64, samples: &[Sample]) -> (String, String)
                 let failed = if m == "step failed" { " FAILED and rolled back" } else { "" };
                 // The step's end: the last sample of regrade's faults by then (the test
                 // may stop regrade right after its last step).
-                let end = samples.iter().rev().filter(|s| s.t <= *t + 0.3).find_map(|s| s.regrade_majflt);
-                let faults = match (at(ts).and_then(|s| s.regrade_majflt), end) {
-                    (Some(a), Some(b)) => format!("{} major faults", b - a),
+                let end = samples.iter().rev().filter(|s| s.t <= *t + 0.3).find_map(|s| s.regrade_cost);
+                let faults = match (at(ts).and_then(|s| s.regrade_cost), end) {
+                    (Some(a), Some(b)) => format!(
+                        "{} major faults, CPU {:.2} s",
+                        b.majflt - a.majflt,
+                        (b.cpu_ticks - a.cpu_ticks) as f64 / ticks_per_second()
+                    ),
                     _ => "faults ?".into(),
                 };
                 let share = match (dropin, restart) {
