@@ -146,7 +146,7 @@ impl LevelRig {
             "[pressure]\nthreshold = 40\ncalm_threshold = 10\nmem_available_floor = \"none\"\n\
              sample_period = \"200ms\"\nsustain = \"600ms\"\ncooldown = \"1s\"\nsource = {:?}\nmeminfo = {:?}\n\
              [cluster]\nkubeconfig = {kubeconfig:?}\nnode_name = {NODE:?}\nlease_name = {LEASE:?}\n\
-             lease_duration = \"3s\"\nrequest_timeout = \"3s\"\nendpoints_cache = {:?}\n",
+             lease_duration = \"6s\"\nrequest_timeout = \"3s\"\nendpoints_cache = {:?}\n",
             d.join("psi"),
             d.join("meminfo"),
             d.join("endpoints"),

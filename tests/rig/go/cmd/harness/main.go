@@ -198,7 +198,11 @@ func run(args []string) {
 			"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 			"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 			"--initial-cluster=harness="+peerURL, "--initial-cluster-state=new",
-			fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", mport), "--log-level=warn")
+			fmt.Sprintf("--listen-metrics-urls=http://127.0.0.1:%d", mport), "--log-level=warn",
+			// The API server's store, not an etcd under test: without fsync its writes
+			// do not wait for a disk that the suite's builds keep busy (a Lease renewal
+			// that took over 2 s stopped a step in a CI run).
+			"--unsafe-no-fsync")
 		api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
 		procs = []*exec.Cmd{api, etcd}
 		died = make(chan string, 4)
