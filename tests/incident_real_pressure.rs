@@ -989,13 +989,15 @@ async fn scenario(
             "regrade" | HELD => {
                 println!("-- server1's regrade journal during the arm (seconds from the workload's start):");
                 for (t, m, v) in s1.journal("regrade.service", t0) {
-                    // The error, and where a slow look at etcd spent its time.
-                    let fields: Vec<String> = ["ERROR", "LIST_MS", "LIST_FROM", "STATUS_MS", "SLOWEST_MEMBER"]
-                        .iter()
-                        .map(|k| (k, field(&v, k)))
-                        .filter(|(_, f)| *f != "?")
-                        .map(|(k, f)| format!("{}: {f}", k.to_lowercase()))
-                        .collect();
+                    // The error, where a slow look at etcd spent its time, and how long
+                    // after the step's own start (not the decision) a part ended.
+                    let fields: Vec<String> =
+                        ["ERROR", "AFTER_MS", "LIST_MS", "LIST_FROM", "STATUS_MS", "SLOWEST_MEMBER"]
+                            .iter()
+                            .map(|k| (k, field(&v, k)))
+                            .filter(|(_, f)| *f != "?")
+                            .map(|(k, f)| format!("{}: {f}", k.to_lowercase()))
+                            .collect();
                     let fields = if fields.is_empty() { String::new() } else { format!(" ({})", fields.join(", ")) };
                     let line = format!("  {:>7.2}s {m}{fields}", t - t0);
                     println!("{line}");
