@@ -889,6 +889,13 @@ mod tests {
     }
 
     /// `m` served on a free loopback port (from within a runtime); its address.
+    /// Metrics that live for the test, with one calm sample stored.
+    fn calm_metrics() -> &'static Metrics {
+        let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        m.sampled(&sample(), Reading::Calm);
+        m
+    }
+
     fn listening(m: &'static Metrics) -> SocketAddr {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -975,8 +982,7 @@ mod tests {
         use std::io::Write;
         use tokio::io::AsyncReadExt;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-        m.sampled(&sample(), Reading::Calm);
+        let m = calm_metrics();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let silent: Vec<_> = (0..MAX_CONNECTIONS).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
@@ -1007,8 +1013,7 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-            m.sampled(&sample(), Reading::Calm);
+            let m = calm_metrics();
             let addr = listening(m);
             let healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
             let mut probe = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -1054,8 +1059,7 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-            m.sampled(&sample(), Reading::Calm);
+            let m = calm_metrics();
             // The listener on a thread of its own, as in watch: if it spun, this
             // test's timeouts still fire.
             let (tx, rx) = std::sync::mpsc::channel();
@@ -1093,8 +1097,7 @@ mod tests {
         const SLOW: usize = MAX_CONNECTIONS + 16;
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-            m.sampled(&sample(), Reading::Calm);
+            let m = calm_metrics();
             let addr = listening(m);
             let opened = std::time::Instant::now();
             let mut idle = Vec::new();
@@ -1159,8 +1162,7 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-            m.sampled(&sample(), Reading::Calm);
+            let m = calm_metrics();
             let addr = listening(m);
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             let mut got = Vec::new();

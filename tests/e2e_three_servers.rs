@@ -15,7 +15,6 @@
 mod common;
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -509,11 +508,7 @@ async fn settled(api: &kube::Client, servers: &[Server], within: Duration, after
 
 #[test]
 fn three_servers_end_to_end() {
-    if std::env::var(GATE).as_deref() != Ok("1") {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED three_servers_end_to_end: set {GATE}=1 (root; boots three systemd-nspawn containers)"
-        );
+    if !common::gate_open(GATE, "three_servers_end_to_end", "root; boots three systemd-nspawn containers") {
         return;
     }
     let t_start = Instant::now();

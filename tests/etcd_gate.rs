@@ -8,7 +8,6 @@
 //! Gated by REGRADE_TEST_ETCD=1. Run alone: `REGRADE_TEST_ETCD=1 flock /tmp/regrade-rig.lock
 //! cargo test --test etcd_gate -- --nocapture`.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,11 +54,7 @@ fn named(r: &EtcdRefusal) -> (&str, &str, &Reason) {
 
 #[test]
 fn etcd_gate_against_a_real_tls_cluster() {
-    if std::env::var(GATE).as_deref() != Ok("1") {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED etcd_gate_against_a_real_tls_cluster: set {GATE}=1 (tests/rig's etcd)"
-        );
+    if !common::gate_open(GATE, "etcd_gate_against_a_real_tls_cluster", "tests/rig's etcd") {
         return;
     }
     let rig = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rig/build.sh");

@@ -57,7 +57,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -613,11 +612,8 @@ async fn wait_until<T>(within: Duration, mut f: impl AsyncFnMut() -> Option<T>) 
 
 #[test]
 fn incident_three_arms() {
-    if std::env::var(GATE).as_deref() != Ok("1") {
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED incident_three_arms: set {GATE}=1 (root; boots three systemd-nspawn containers, thrashes the host)"
-        );
+    if !common::gate_open(GATE, "incident_three_arms", "root; boots three systemd-nspawn containers, thrashes the host")
+    {
         return;
     }
     // The rig lock: no other rig test shares the host's PSI meanwhile.

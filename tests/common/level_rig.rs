@@ -91,8 +91,7 @@ impl LevelRig {
             return None;
         }
         #[cfg(feature = "docker")]
-        if std::env::var("REGRADE_TEST_DOCKER").as_deref() != Ok("1") {
-            eprintln!("SKIPPED {test}: set REGRADE_TEST_DOCKER=1 (root; a real dockerd)");
+        if !super::gate_open("REGRADE_TEST_DOCKER", test, "root; a real dockerd") {
             return None;
         }
         let h = super::start(test)?;

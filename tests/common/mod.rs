@@ -82,6 +82,17 @@ fn rig(script: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rig").join(script)
 }
 
+/// Whether the env var `gate` is `1`; else says on stderr that `test` was skipped
+/// and what setting `gate` would run it against (`needs`).
+pub fn gate_open(gate: &str, test: &str, needs: &str) -> bool {
+    if std::env::var(gate).as_deref() == Ok("1") {
+        return true;
+    }
+    // Straight to stderr: libtest captures eprintln!, and a skip must be seen.
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: set {gate}=1 ({needs})");
+    false
+}
+
 /// Starts a harness, or prints a notice and returns `None` when the gate is unset.
 pub fn start(test: &str) -> Option<Harness> {
     start_with(test, &[])
@@ -89,12 +100,7 @@ pub fn start(test: &str) -> Option<Harness> {
 
 /// As [`start`], with extra `harness run` flags (`--controller-manager`, `--kubelet`).
 pub fn start_with(test: &str, args: &[&str]) -> Option<Harness> {
-    if std::env::var(GATE).as_deref() != Ok("1") {
-        // Straight to stderr: libtest captures eprintln!, and a skip must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED {test}: set {GATE}=1 to run it against a real kube-apiserver (tests/rig)"
-        );
+    if !gate_open(GATE, test, "a real kube-apiserver from tests/rig") {
         return None;
     }
     let build = Command::new(rig("build.sh")).stderr(Stdio::inherit()).output().expect("running tests/rig/build.sh");

@@ -16,11 +16,7 @@ use std::time::{Duration, Instant};
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 pub fn enabled(test: &str) -> bool {
-    if std::env::var("REGRADE_TEST_SYSTEMD").as_deref() == Ok("1") {
-        return true;
-    }
-    eprintln!("SKIPPED {test}: set REGRADE_TEST_SYSTEMD=1 (root; boots a container with systemd-nspawn)");
-    false
+    super::gate_open("REGRADE_TEST_SYSTEMD", test, "root; boots a container with systemd-nspawn")
 }
 
 fn script() -> PathBuf {
