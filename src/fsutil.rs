@@ -3,6 +3,12 @@
 //! crash or power loss: write a temporary file in the same directory, fsync it,
 //! rename it over the target, fsync the directory (the rename itself is only durable
 //! once the directory is). And reading a file that may be absent.
+//!
+//! A file that means something only while its writer runs (`watch`'s published state,
+//! the drain's progress: their readers check that the writer's PID is alive) is
+//! replaced the same way but without the fsyncs ([`publish_atomic`]): a power loss ends
+//! its writer, so durability buys nothing, and under memory pressure each fsync waits
+//! for a disk the thrash keeps busy (0.1-0.3 s each, measured in the incident test).
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -18,13 +24,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// pick files by suffix (k3s reads `config.yaml.d/*.yaml`) never take it, and carries
 /// the process id and a counter, so two writers of one path never share it.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace(path, bytes, mode, true)
+}
+
+/// As [`write_atomic`] (readers see the old file or the new one whole) but not durable:
+/// for a file that is void once its writer is gone (see the module documentation).
+pub fn publish_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace(path, bytes, mode, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()> {
     let dir = parent(path);
     fs::create_dir_all(dir)?;
     let (tmp, mut f) = create_temp(dir, path)?;
     let written = (|| {
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+            count_sync();
+        }
         drop(f);
         fs::rename(&tmp, path)
     })();
@@ -32,7 +51,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    sync_dir(dir)
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Removes `path` durably (the directory is fsynced after). A missing file is not an
@@ -69,7 +91,20 @@ fn parent(path: &Path) -> &Path {
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    count_sync();
+    Ok(())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The fsyncs this thread made: what tells a durable replacement from a published one.
+    static SYNCS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+fn count_sync() {
+    #[cfg(test)]
+    SYNCS.with(|n| n.set(n.get() + 1));
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -110,6 +145,22 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two\n");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o600);
         assert_eq!(names(p.parent().unwrap()), ["file.yaml"], "no temporary file is left behind");
+    }
+
+    #[test]
+    fn published_files_replace_whole_without_the_fsyncs_of_durable_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("run/state.json");
+        let syncs = || SYNCS.with(|n| n.get());
+        let before = syncs();
+        write_atomic(&p, b"durable\n", 0o644).unwrap();
+        assert_eq!(syncs() - before, 2, "the file and its directory");
+        let before = syncs();
+        publish_atomic(&p, b"published\n", 0o640).unwrap();
+        assert_eq!(syncs() - before, 0, "a published file is not fsynced");
+        assert_eq!(fs::read(&p).unwrap(), b"published\n");
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o640);
+        assert_eq!(names(p.parent().unwrap()), ["state.json"], "no temporary file is left behind");
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl Published {
         if let Some(dir) = path.parent() {
             std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
         }
-        crate::fsutil::write_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
+        crate::fsutil::publish_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
     }
 
     /// The published state, if the `watch` that wrote it is still running.

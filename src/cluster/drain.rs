@@ -567,7 +567,7 @@ impl PublishedDrain {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            crate::fsutil::write_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
+            crate::fsutil::publish_atomic(path, &serde_json::to_vec_pretty(self)?, 0o644)
         })();
         if let Err(e) = r {
             tracing::warn!(error = %e, path = %path.display(), "could not publish the drain's progress");
