@@ -438,29 +438,40 @@ async fn apply(
     mode: Mode,
 ) -> anyhow::Result<()> {
     let (cluster, keeper) = (tracked.cluster, tracked.keeper);
+    let mut drained = None;
     if mode == Mode::Fresh && step.direction == Direction::Down {
         // The drain: after the cordon and taint (no pod comes back), before any
         // restart (the local API still answers), while the Lease is held.
         let settings = levels.get(step.to).and_then(|l| l.drain_settings());
-        if let Some(report) = match settings {
+        drained = match settings {
             Some(s) => cluster.drain(step.to, s).await,
             None => None,
-        } {
-            if report.interrupted && levels.needs_restart(step.from, step.to) {
-                // Stopped by a signal before the restart: k3s is still at `from`,
-                // so the marks go back to it and the step did not happen.
-                if let Err(m) = cluster.mark_node(step.from, levels).await {
-                    keeper.marks_unsure.set(true);
-                    tracing::error!(error = %format!("{m:#}"), level = %step.from, "could not put the Node's marks back");
-                }
-                anyhow::bail!("stopped by a signal while draining, before restarting k3s; {report}");
+        };
+        if let Some(report) = drained.as_ref().filter(|r| r.interrupted && levels.needs_restart(step.from, step.to)) {
+            // Stopped by a signal before the restart: k3s is still at `from`,
+            // so the marks go back to it and the step did not happen.
+            cluster.record(StepEvent::Drained(report)).await;
+            if let Err(m) = cluster.mark_node(step.from, levels).await {
+                keeper.marks_unsure.set(true);
+                tracing::error!(error = %format!("{m:#}"), level = %step.from, "could not put the Node's marks back");
             }
+            anyhow::bail!("stopped by a signal while draining, before restarting k3s; {report}");
         }
     }
-    let applied = match mode {
-        Mode::Fresh => actuator.apply_level(step.to, &tracked).await,
-        Mode::Resume => actuator.resume(step.from, step.to, &tracked).await,
+    let applying = async {
+        match mode {
+            Mode::Fresh => actuator.apply_level(step.to, &tracked).await,
+            Mode::Resume => actuator.resume(step.from, step.to, &tracked).await,
+        }
     };
+    // The drain's Event is posted while the level is applied, not before: under
+    // pressure a call to the API takes a second the restart need not wait for.
+    let recording = async {
+        if let Some(report) = &drained {
+            cluster.record(StepEvent::Drained(report)).await;
+        }
+    };
+    let (applied, ()) = tokio::join!(applying, recording);
     if let Err(e) = applied {
         if step.direction == Direction::Down {
             let back = match actuator.current_level().await {
@@ -605,6 +616,26 @@ mod tests {
         assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
         assert_eq!(a.level(), Level::EtcdOnly, "k3s was not restarted");
         assert_eq!(log.take()[..3], ["preflight", "acquire", "etcd check"], "no gate before: the plan had no restart");
+    }
+
+    /// Under pressure an API call takes seconds: the drain's Event is posted while the
+    /// level is applied, and the step ends once both have.
+    #[test]
+    fn the_drains_event_does_not_hold_up_the_restart() {
+        let log = Log::default();
+        let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
+        let c = FakeCluster {
+            drained: Some(crate::cluster::drain::DrainReport::default()),
+            events_take: Duration::from_secs(5),
+            ..FakeCluster::logging_to(&log)
+        };
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        assert!(matches!(out, Outcome::Done), "{out:?}");
+        let calls = log.take();
+        let at = |what: &str| calls.iter().position(|c| c == what).unwrap_or_else(|| panic!("no {what}: {calls:?}"));
+        assert!(at("drain") < at("apply etcd-only"), "{calls:?}");
+        assert!(at("apply etcd-only") < at("event drained"), "the restart waited for the Event: {calls:?}");
+        assert!(at("event drained") < at("release"), "{calls:?}");
     }
 
     #[test]

@@ -152,6 +152,10 @@ pub struct FakeCluster {
     pub marks_take: Duration,
     pub fail_marks: bool,
     pub label: Label,
+    /// What a drain reports (`None`: nothing drained, as a dry run).
+    pub drained: Option<crate::cluster::drain::DrainReport>,
+    /// How long recording an Event takes (logged when it ends).
+    pub events_take: Duration,
     pub log: Log,
 }
 
@@ -166,6 +170,8 @@ impl Default for FakeCluster {
             marks_take: Duration::ZERO,
             fail_marks: false,
             label: Rc::new(RefCell::new(Ok(None))),
+            drained: None,
+            events_take: Duration::ZERO,
             log: Log::default(),
         }
     }
@@ -244,11 +250,26 @@ impl Cluster for FakeCluster {
     }
 
     async fn record(&self, e: StepEvent<'_>) {
+        if !self.events_take.is_zero() {
+            tokio::time::sleep(self.events_take).await;
+        }
         self.log.push(match e {
             StepEvent::Done(_) => "event done",
             StepEvent::Failed(..) => "event failed",
             StepEvent::Refused(..) => "event refused",
+            StepEvent::Drained(..) => "event drained",
         });
+    }
+
+    async fn drain(
+        &self,
+        _: Level,
+        _: crate::cluster::drain::DrainSettings,
+    ) -> Option<crate::cluster::drain::DrainReport> {
+        // Logged only when set: the other tests' logs have no drain in them.
+        let report = self.drained.clone()?;
+        self.log.push("drain");
+        Some(report)
     }
 }
 

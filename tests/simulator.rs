@@ -278,6 +278,7 @@ impl Cluster for SimCluster {
             StepEvent::Refused(s, r) => {
                 format!("server{} step refused {} -> {}: {}", self.me, s.from, s.to, r.kind.as_str())
             }
+            StepEvent::Drained(report) => format!("server{} drained: {report}", self.me),
         };
         self.w.borrow_mut().say(what);
     }

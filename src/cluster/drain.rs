@@ -461,17 +461,6 @@ impl fmt::Display for DrainReport {
     }
 }
 
-impl DrainReport {
-    /// `(type, reason, message)` of the Event on the Node at the drain's end.
-    pub fn event(&self) -> (&'static str, &'static str, String) {
-        if self.incomplete() {
-            ("Warning", "RegradeDrainIncomplete", self.to_string())
-        } else {
-            ("Normal", "RegradeDrained", self.to_string())
-        }
-    }
-}
-
 /// The drain as `regrade status` shows it: written by the process that runs the step
 /// (`watch` or a step by hand) whenever the drain moves, and kept after it ends.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -38,6 +38,8 @@ pub enum EventReason {
     StepUp,
     StepFailed,
     Refused,
+    Drained,
+    DrainIncomplete,
 }
 
 impl EventReason {
@@ -47,6 +49,8 @@ impl EventReason {
             EventReason::StepUp => "RegradeStepUp",
             EventReason::StepFailed => "RegradeStepFailed",
             EventReason::Refused => "RegradeRefused",
+            EventReason::Drained => "RegradeDrained",
+            EventReason::DrainIncomplete => "RegradeDrainIncomplete",
         }
     }
 }
@@ -71,6 +75,10 @@ pub fn describe(e: &StepEvent<'_>) -> (EventType, EventReason, String) {
             EventReason::Refused,
             format!("{} from {} to {} refused: {}", s.direction.action(), s.from, s.to, r),
         ),
+        StepEvent::Drained(report) if report.incomplete() => {
+            (EventType::Warning, EventReason::DrainIncomplete, report.to_string())
+        }
+        StepEvent::Drained(report) => (EventType::Normal, EventReason::Drained, report.to_string()),
     }
 }
 
@@ -79,7 +87,7 @@ pub async fn record(eps: &Endpoints, node: &str, e: &StepEvent<'_>) -> anyhow::R
     post(eps, node, type_.as_str(), reason.as_str(), message).await
 }
 
-/// Records an Event of `type_` and `reason` on Node `node` (the drain's end, too).
+/// Records an Event of `type_` and `reason` on Node `node`.
 pub async fn post(eps: &Endpoints, node: &str, type_: &str, reason: &str, message: String) -> anyhow::Result<()> {
     let now = Timestamp::now();
     let stamp = Time(Timestamp::from_second(now.as_second())?);

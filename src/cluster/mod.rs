@@ -127,6 +127,8 @@ pub enum StepEvent<'a> {
     Done(&'a Step),
     Failed(&'a Step, &'a str),
     Refused(&'a Step, &'a Refusal),
+    /// A drain's end: what it evicted, and what it left.
+    Drained(&'a drain::DrainReport),
 }
 
 #[async_trait(?Send)]
@@ -174,8 +176,9 @@ pub trait Cluster: NodeReadiness {
     async fn record(&self, event: StepEvent<'_>);
 
     /// Drains the Node (`drain`): evicts its pods, bounded by `settings.timeout`,
-    /// ended early by SIGTERM or SIGINT. Logs its progress and records its end as an
-    /// Event. `None`: nothing to drain here (a dry run, a fake).
+    /// ended early by SIGTERM or SIGINT. Logs and publishes its progress; the step
+    /// records its end as an Event ([`StepEvent::Drained`]) while it goes on. `None`:
+    /// nothing to drain here (a dry run, a fake).
     async fn drain(&self, _level: Level, _settings: drain::DrainSettings) -> Option<drain::DrainReport> {
         None
     }
@@ -430,12 +433,8 @@ impl Cluster for KubeCluster {
         })
         .await;
         published.finish(&report);
-        let (type_, reason, message) = report.event();
         if report.incomplete() {
             tracing::warn!(node, report = %report, "the drain left pods on the Node");
-        }
-        if let Err(e) = events::post(&self.endpoints, node, type_, reason, message).await {
-            tracing::warn!(error = %format!("{e:#}"), node, "could not record the drain's Event on the Node");
         }
         Some(report)
     }
