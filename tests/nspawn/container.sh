@@ -4,8 +4,8 @@
 #
 #   container.sh up NAME     boot; print KEY=VALUE lines (below) on stdout
 #   container.sh down NAME   stop (poweroff, then SIGKILL of our nspawn), remove its files
-#   container.sh reboot NAME stop it as down does but keep its files, empty RUN (a tmpfs
-#                            at a real boot), boot the same root again; prints as up
+#   container.sh reboot NAME stop it as down does but keep its files, give it a new empty
+#                            RUN (as a real boot does), boot the same root again; prints as up
 #
 # Network, one of two:
 # - by default the container shares the host's network namespace (no
@@ -21,7 +21,8 @@
 # Shared with the host (bind mounts), so host-side tests see what the container sees:
 #   ETC  -> /etc/rancher/k3s     (config.yaml, config.yaml.d/ with regrade's drop-in,
 #                                 the stand-in's knob files)
-#   RUN  -> /run/regrade         (record-start's record)
+#   RUN  -> /run/regrade         (record-start's record; a tmpfs, as /run is on a real
+#                                 host: regrade's files there cost no disk I/O)
 # The container's system bus: DBUS_SYSTEM_BUS_ADDRESS=$BUS.
 #
 # Inputs (env): REGRADE_BIN (the regrade binary to install; required for up),
@@ -71,9 +72,20 @@ stop() {
   fi
 }
 
+# RUN is a tmpfs mounted on the host, so the host-side tests see it too.
+mount_run() {
+  mkdir -p "$dir/run-regrade"
+  mount -t tmpfs -o mode=0755,size=16m "regrade-run-$name" "$dir/run-regrade"
+}
+
+umount_run() {
+  while mountpoint -q "$dir/run-regrade" 2>/dev/null; do umount -l "$dir/run-regrade"; done
+}
+
 down() {
   stop
   # Only once nspawn is gone: its bind mounts lived in its own mount namespace.
+  umount_run
   rm -rf "$dir"
 }
 
@@ -84,7 +96,8 @@ up() {
   root="$("$here/rootfs.sh" | tail -n1)"
   bin="${REGRADE_STANDIN_BIN_DIR:-$("$repo/tests/rig/build.sh" | tail -n1)}"
   [ -x "$bin/k3s-standin" ] || { log "no k3s-standin in $bin"; exit 1; }
-  mkdir -p "$dir/etc-k3s/config.yaml.d" "$dir/run-regrade"
+  mkdir -p "$dir/etc-k3s/config.yaml.d"
+  mount_run
   cp -a "$root" "$dir/root"
   local sys="$dir/root/etc/systemd/system"
   local netflags="--etcd-health-addr=$addr:2381 --etcd-client-url=https://$addr:2379" netns=()
@@ -111,7 +124,8 @@ reboot() {
   : "${REGRADE_BIN:?REGRADE_BIN must name the regrade binary to install}"
   [ -f "$dir/standin-bin" ] || { log "no container $name to reboot"; exit 1; }
   stop
-  find "$dir/run-regrade" -mindepth 1 -delete
+  umount_run
+  mount_run
   bin="$(cat "$dir/standin-bin")"
   local netns=()
   [ -z "${REGRADE_NSPAWN_NETNS:-}" ] || netns=("--network-namespace-path=/run/netns/$REGRADE_NSPAWN_NETNS")
