@@ -270,6 +270,14 @@ fn spawn_logged(bin: &Path, args: &[&str], log: &Path) -> std::process::Child {
         .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()))
 }
 
+/// Which server's etcd member leads (`etcd_server_is_leader`), or "?" when none says so.
+fn leader(servers: &[Server]) -> String {
+    servers
+        .iter()
+        .find(|s| s.etcd_metric("etcd_server_is_leader") == Some(1.0))
+        .map_or("?".into(), |s| format!("server{}", s.n))
+}
+
 struct Server {
     n: usize,
     c: Container,
@@ -849,6 +857,7 @@ async fn scenario(
 
         let leaders_before: Vec<Option<f64>> =
             [s2, s3].iter().map(|s| s.etcd_metric("etcd_server_leader_changes_seen_total")).collect();
+        let leader_before = leader(servers);
         let start_room = cg.available() >> 20;
         let initial = start_room.saturating_sub(START_ROOM_MIB);
         let cap = start_room.saturating_sub(CACHE_LEFT_MIB);
@@ -937,6 +946,7 @@ async fn scenario(
         drop(extra);
         let leaders_after: Vec<Option<f64>> =
             [s2, s3].iter().map(|s| s.etcd_metric("etcd_server_leader_changes_seen_total")).collect();
+        let leader_after = leader(servers);
 
         let mut row = Row { arm: arm.into(), ..Row::default() };
         let id_after = member_id(s2);
@@ -956,7 +966,12 @@ async fn scenario(
                 _ => "?".into(),
             })
             .collect();
-        row.leader_changes = format!("{} (seen by server2, server3)", changes.join(", "));
+        // A leader restarted hands its leadership on (etcd's graceful stop), which
+        // counts as a change: who led before and after says whether that was it.
+        row.leader_changes = format!(
+            "{} (seen by server2, server3); leader before {leader_before}, after {leader_after}",
+            changes.join(", ")
+        );
         let bad: BTreeSet<i64> =
             probes.iter().filter(|(_, took, ok)| !ok || *took > 1.0).map(|(t, ..)| *t as i64).collect();
         let failed = probes.iter().filter(|(_, _, ok)| !ok).count();
