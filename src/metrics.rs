@@ -888,7 +888,6 @@ mod tests {
         assert!(m.unhealthy(ages(Duration::from_secs(60))).is_some());
     }
 
-    /// `m` served on a free loopback port (from within a runtime); its address.
     /// Metrics that live for the test, with one calm sample stored.
     fn calm_metrics() -> &'static Metrics {
         let m: &'static Metrics = Box::leak(Box::new(Metrics::new()));
@@ -896,6 +895,7 @@ mod tests {
         m
     }
 
+    /// `m` served on a free loopback port (from within a runtime); its address.
     fn listening(m: &'static Metrics) -> SocketAddr {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();

@@ -105,22 +105,23 @@ const HELD_THRESHOLD: f64 = 25.0;
 /// unchecked thrash has touched; then the two whose harm is the finding (a run on a
 /// clean machine ended the nothing arm with server1's API server not answering).
 const ARMS: [&str; 4] = ["regrade", HELD, "earlyoom", "nothing"];
-/// Runs only the arms it names, comma-separated by their first word (`regrade`,
-/// `held`, `earlyoom`, `nothing`): to measure one arm without the whole run's time.
+const HOST_FLOOR_KB: u64 = 2 << 20;
+
+/// Runs only the arms it names, comma-separated (`regrade`, `held`, `earlyoom`,
+/// `nothing`): to measure one arm without the whole run's time.
 const ARMS_ENV: &str = "REGRADE_INCIDENT_ARMS";
 
 /// The arms this run takes, in [`ARMS`]'s order; an unknown name fails at once.
 fn arms_to_run() -> Vec<&'static str> {
-    let first_word = |a: &str| a.split([' ', ',']).next().unwrap().to_string();
     let Ok(asked) = std::env::var(ARMS_ENV) else { return ARMS.to_vec() };
     let asked: Vec<&str> = asked.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-    let known: Vec<String> = ARMS.iter().map(|a| if *a == HELD { "held".into() } else { first_word(a) }).collect();
+    // Each arm's name is one word but the held arm's.
+    let known: Vec<&str> = ARMS.iter().map(|a| if *a == HELD { "held" } else { a }).collect();
     for a in &asked {
         assert!(known.iter().any(|k| k == a), "{ARMS_ENV}: no arm {a:?} (arms: {})", known.join(", "));
     }
-    ARMS.iter().zip(&known).filter(|(_, k)| asked.contains(&k.as_str())).map(|(a, _)| *a).collect()
+    ARMS.iter().zip(&known).filter(|(_, k)| asked.contains(k)).map(|(a, _)| *a).collect()
 }
-const HOST_FLOOR_KB: u64 = 2 << 20;
 
 /// server1's memory cgroup (v1), with the child `workload` the stand-in puts pods'
 /// processes in. Dropped: every process in it killed, the directories removed.
