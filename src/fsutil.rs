@@ -24,16 +24,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// pick files by suffix (k3s reads `config.yaml.d/*.yaml`) never take it, and carries
 /// the process id and a counter, so two writers of one path never share it.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    replace(path, bytes, mode, true).map(drop)
+}
+
+/// [`write_atomic`], and the new file, still open: what it wrote, for a writer that
+/// wants to tell later whether the file is still the one it wrote (same inode).
+pub fn write_atomic_kept(path: &Path, bytes: &[u8], mode: u32) -> io::Result<File> {
     replace(path, bytes, mode, true)
 }
 
 /// As [`write_atomic`] (readers see the old file or the new one whole) but not durable:
 /// for a file that is void once its writer is gone (see the module documentation).
 pub fn publish_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    replace(path, bytes, mode, false)
+    replace(path, bytes, mode, false).map(drop)
 }
 
-fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()> {
+/// Returns the new file, open (it is `path` once renamed).
+fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<File> {
     let dir = parent(path);
     fs::create_dir_all(dir)?;
     let (tmp, mut f) = create_temp(dir, path)?;
@@ -44,7 +51,6 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()
             f.sync_all()?;
             count_sync();
         }
-        drop(f);
         fs::rename(&tmp, path)
     })();
     if let Err(e) = written {
@@ -54,7 +60,7 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()
     if durable {
         sync_dir(dir)?;
     }
-    Ok(())
+    Ok(f)
 }
 
 /// Removes `path` durably (the directory is fsynced after). A missing file is not an

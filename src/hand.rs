@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::decide::{Direction, Step};
 use crate::level::Level;
 use crate::level_keeper::{self, Pending};
+use crate::own_time::StepClock;
 use crate::runtime::runtime;
 use crate::step::{self, Outcome};
 use tokio::signal::unix::{signal, SignalKind};
@@ -79,7 +80,16 @@ async fn hand_steps(
             }
             Pending::Resume(step) => {
                 out.say(format_args!("finishing the interrupted step {} -> {} ...", step.from, step.to));
-                let fut = step::resume(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
+                let clock = StepClock::start();
+                let fut = step::resume(
+                    &step,
+                    actuator.as_mut(),
+                    cluster.as_ref(),
+                    etcd.as_ref(),
+                    &cfg.levels,
+                    &keeper,
+                    &clock,
+                );
                 match finish_despite_signals(fut, signals, &mut interrupted).await {
                     Outcome::Done => out.say(format_args!("now at {}", step.to)),
                     Outcome::Refused(r) => {
@@ -116,7 +126,9 @@ async fn hand_steps(
             if lease_wait.is_none() {
                 out.say(format_args!("{} {} -> {} ...", step.direction.action(), step.from, step.to));
             }
-            let fut = step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper);
+            let clock = StepClock::start();
+            let fut =
+                step::run(&step, actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &cfg.levels, &keeper, &clock);
             let outcome = finish_despite_signals(fut, signals, &mut interrupted).await;
             if keeper.marks_unsure.replace(false) {
                 if let Err(e) = cluster.mark_node(keeper.level(), &cfg.levels).await {

@@ -15,9 +15,69 @@ use tokio::time::Instant;
 use crate::actuator::Actuator;
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::decide::Step;
+use crate::decide::{Direction, Step};
 use crate::level::Level;
 use crate::level_record::{converge, Decision, LevelRecord, Marks, Observed, Phase};
+
+/// A record file held open, with what identifies its contents as they were seen: the
+/// inode, the size and the change time (any write changes it).
+struct Seen {
+    _file: File,
+    id: FileId,
+}
+
+#[derive(PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: (i64, i64),
+}
+
+impl FileId {
+    fn of(m: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId { dev: m.dev(), ino: m.ino(), size: m.size(), ctime: (m.ctime(), m.ctime_nsec()) }
+    }
+}
+
+impl Seen {
+    fn hold(file: File) -> Option<Seen> {
+        let id = FileId::of(&file.metadata().ok()?);
+        Some(Seen { _file: file, id })
+    }
+
+    /// Whether `path` names this file, unchanged since it was seen.
+    fn still(&self, path: &Path) -> bool {
+        std::fs::metadata(path).is_ok_and(|m| FileId::of(&m) == self.id)
+    }
+
+    /// The record at `path` and, if no write came while it was read, the file held.
+    fn read(path: &Path) -> anyhow::Result<Option<(LevelRecord, Option<Seen>)>> {
+        let mut file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let before = FileId::of(&file.metadata()?);
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let record = LevelRecord::parse(&bytes, path)?;
+        let seen = Seen::hold(file).filter(|s| s.id == before);
+        Ok(Some((record, seen)))
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How often this thread's `moved_on_disk` read the record file.
+    static READS: Cell<u32> = const { Cell::new(0) };
+}
+
+fn count_read() {
+    #[cfg(test)]
+    READS.with(|n| n.set(n.get() + 1));
+}
 
 /// The level record of this server as a step sees it. `None` path: a dry run, which
 /// must not change the record a real `watch` keeps.
@@ -25,6 +85,8 @@ pub struct Keeper {
     path: Option<PathBuf>,
     keys: BTreeMap<String, String>,
     current: RefCell<LevelRecord>,
+    /// The record file as this process last wrote it or read `current` from, held open.
+    seen: RefCell<Option<Seen>>,
     /// Set when a step may have left the Node's marks other than its outcome says (a
     /// PATCH whose reply never came: its effect at the API is unknown). Whoever ran
     /// the step reconciles the marks and clears it.
@@ -33,7 +95,7 @@ pub struct Keeper {
 
 impl Keeper {
     pub fn new(path: Option<PathBuf>, record: LevelRecord, keys: BTreeMap<String, String>) -> Keeper {
-        Keeper { path, keys, current: RefCell::new(record), marks_unsure: Cell::new(false) }
+        Keeper { path, keys, current: RefCell::new(record), seen: RefCell::new(None), marks_unsure: Cell::new(false) }
     }
 
     pub fn record(&self) -> LevelRecord {
@@ -64,9 +126,29 @@ impl Keeper {
     /// move (a start without one writes none until the Node has been read, and every
     /// step writes one), nor is one that cannot be read (the start decided without it,
     /// and deciding again would not change that).
+    ///
+    /// Told first without reading the file: under memory pressure the thrash has evicted
+    /// it, and reading it back waits 0.15-0.25 s for a busy disk just before a step. The
+    /// file this process last wrote (or read `current` from) is held open, so its inode
+    /// stays in memory and its number is not reused; the path still naming that inode,
+    /// with the size and change time seen then, is that file unchanged. Every writer of
+    /// the record replaces it by a rename (a new inode); an edit in place changes its
+    /// change time. Anything else is judged by reading the file, as before.
     pub fn moved_on_disk(&self) -> bool {
         let Some(path) = &self.path else { return false };
-        matches!(LevelRecord::read(path), Ok(Some(on_disk)) if on_disk != *self.current.borrow())
+        let unchanged = self.seen.borrow().as_ref().is_some_and(|s| s.still(path));
+        if unchanged {
+            return false;
+        }
+        count_read();
+        match Seen::read(path) {
+            Ok(Some((on_disk, seen))) => {
+                let moved = on_disk != *self.current.borrow();
+                *self.seen.borrow_mut() = if moved { None } else { seen };
+                moved
+            }
+            Ok(None) | Err(_) => false,
+        }
     }
 
     /// Takes the one lock of stepping this server (see [`StepLock`]). `Ok(None)` in a
@@ -80,16 +162,26 @@ impl Keeper {
 
     pub fn put(&self, r: LevelRecord) -> anyhow::Result<()> {
         if let Some(p) = &self.path {
-            r.write(p)?;
+            // Until the write is known good, the file is judged by reading it.
+            *self.seen.borrow_mut() = None;
+            let file = r.write_kept(p)?;
+            *self.seen.borrow_mut() = Seen::hold(file);
         }
         *self.current.borrow_mut() = r;
         Ok(())
     }
 
-    /// Records `step` as begun (the Lease is held, nothing else changed). An error
-    /// here means nothing was changed: the step must not go on.
+    /// Records `step` as begun (the Lease is held, nothing else changed). A step down's
+    /// first effect is the Node's marks, so its record begins at `marking`: a start
+    /// judges `leased` and `marking` alike (rolled back), and under memory pressure
+    /// each durable write costs a wait on a busy disk. An error here means nothing was
+    /// changed: the step must not go on.
     pub fn begin(&self, step: &Step) -> anyhow::Result<()> {
-        let r = self.current.borrow().begin(step.from, step.to);
+        let first = match step.direction {
+            Direction::Down => Phase::Marking,
+            Direction::Up => Phase::Leased,
+        };
+        let r = self.current.borrow().begin(step.from, step.to).reach(first);
         self.put(r)
     }
 
@@ -363,7 +455,55 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Direction;
+
+    /// `moved_on_disk` tells the record this process wrote or read, unchanged, without
+    /// reading it, and sees every write by another: a new file by rename (as every
+    /// regrade writes it) and an edit in place of the same size.
+    #[test]
+    fn an_unchanged_record_is_told_without_reading_it_and_any_write_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("level.json");
+        let keys = BTreeMap::from([("cluster.level_label".to_string(), "l".to_string())]);
+        let k = Keeper::new(Some(p.clone()), LevelRecord::at(Level::ControlPlane, keys.clone()), keys.clone());
+        let reads = || READS.with(Cell::get);
+        k.settle(Level::ControlPlane);
+        let r0 = reads();
+        assert!(!k.moved_on_disk());
+        assert_eq!(reads(), r0, "the record this process wrote was read back");
+        // Another process's step: a new file by rename.
+        LevelRecord::at(Level::EtcdOnly, keys.clone()).write(&p).unwrap();
+        assert!(k.moved_on_disk(), "a record replaced by another process");
+        k.adopt(LevelRecord::read(&p).unwrap().unwrap());
+        assert!(!k.moved_on_disk());
+        let r1 = reads();
+        assert!(!k.moved_on_disk());
+        assert_eq!(reads(), r1, "the record read once, unchanged, was read again");
+        // The same bytes by rename: read, not moved.
+        std::fs::write(dir.path().join("same"), std::fs::read(&p).unwrap()).unwrap();
+        std::fs::rename(dir.path().join("same"), &p).unwrap();
+        assert!(!k.moved_on_disk());
+        assert_eq!(reads(), r1 + 1);
+        // An edit in place, same size (a digit of `updated`), once the kernel's coarse
+        // clock has passed the file's change time (a file changed twice within one tick
+        // of that clock keeps its change time on kernels without fine-grained ones).
+        let changed = {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(&p).unwrap();
+            std::time::UNIX_EPOCH + Duration::new(m.ctime() as u64, m.ctime_nsec() as u32)
+        };
+        while std::time::SystemTime::now() < changed + Duration::from_millis(20) {
+            std::thread::yield_now();
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let at = text.find("\"updated\": ").unwrap() + "\"updated\": ".len();
+        let digit = text.as_bytes()[at];
+        let other = if digit == b'1' { b'2' } else { b'1' };
+        let mut f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.seek(std::io::SeekFrom::Start(at as u64)).unwrap();
+        f.write_all(&[other]).unwrap();
+        drop(f);
+        assert!(k.moved_on_disk(), "a record edited in place");
+    }
 
     #[test]
     fn a_step_is_on_disk_before_each_effect_and_settles() {
@@ -374,7 +514,8 @@ mod tests {
         let step = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
         k.begin(&step).unwrap();
         let on_disk = || LevelRecord::read(&p).unwrap().unwrap();
-        assert_eq!(on_disk().step.unwrap().phase, Phase::Leased);
+        // A step down begins at its first effect, the marks.
+        assert_eq!(on_disk().step.unwrap().phase, Phase::Marking);
         k.reach(Phase::Restarting);
         assert_eq!(on_disk().step.unwrap().phase, Phase::Restarting);
         k.settle(Level::EtcdOnly);

@@ -151,9 +151,14 @@ impl LevelRecord {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(error) => return Err(RecordError::Io { path: path.into(), error }),
         };
+        Self::parse(&bytes, path).map(Some)
+    }
+
+    /// The record in `bytes`, read from `path` (named in the errors).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<LevelRecord, RecordError> {
         let garbled = |why: String| RecordError::Garbled { path: path.into(), why };
         // The version first, so a newer format is named as such, not as garbage.
-        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| garbled(e.to_string()))?;
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| garbled(e.to_string()))?;
         match value.get("version").and_then(serde_json::Value::as_u64) {
             Some(v) if v == u64::from(VERSION) => {}
             Some(version) => return Err(RecordError::Version { path: path.into(), version }),
@@ -165,16 +170,21 @@ impl LevelRecord {
                 return Err(garbled(format!("a step from {} to itself", s.from)));
             }
         }
-        Ok(Some(record))
+        Ok(record)
     }
 
     /// Replaces the record at `path` whole (see [`crate::fsutil`]), creating its
     /// directory. World-readable: `status` run by an operator reads it.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        self.write_kept(path).map(drop)
+    }
+
+    /// [`Self::write`], and the file written, still open.
+    pub fn write_kept(&self, path: &Path) -> anyhow::Result<std::fs::File> {
         use anyhow::Context;
         let mut bytes = serde_json::to_vec_pretty(self)?;
         bytes.push(b'\n');
-        crate::fsutil::write_atomic(path, &bytes, 0o644)
+        crate::fsutil::write_atomic_kept(path, &bytes, 0o644)
             .with_context(|| format!("writing the level record {}", path.display()))
     }
 

@@ -24,6 +24,7 @@ pub mod kill_point;
 pub mod level_record;
 pub mod metrics;
 pub mod notify;
+pub mod own_time;
 pub mod pressure;
 pub mod psi_trigger;
 pub mod statefile;

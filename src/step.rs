@@ -17,6 +17,7 @@ use crate::level_keeper::Keeper;
 use crate::level_record::Phase;
 use crate::levels::LevelsConfig;
 use crate::metrics::{StepResult, METRICS};
+use crate::own_time::StepClock;
 use crate::units::format_duration;
 
 #[derive(Debug)]
@@ -55,9 +56,9 @@ pub async fn run(
     etcd: &dyn RestartGate,
     levels: &LevelsConfig,
     keeper: &Keeper,
+    clock: &StepClock,
 ) -> Outcome {
-    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, started: Instant::now() }, Mode::Fresh))
-        .await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, clock }, Mode::Fresh)).await
 }
 
 /// Finishes `step`, which a killed process began and got as far as restarting k3s
@@ -70,9 +71,9 @@ pub async fn resume(
     etcd: &dyn RestartGate,
     levels: &LevelsConfig,
     keeper: &Keeper,
+    clock: &StepClock,
 ) -> Outcome {
-    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, started: Instant::now() }, Mode::Resume))
-        .await
+    counted(step, go(step, actuator, Parts { cluster, etcd, levels, keeper, clock }, Mode::Resume)).await
 }
 
 async fn counted(step: &Step, running: impl std::future::Future<Output = Outcome>) -> Outcome {
@@ -102,6 +103,7 @@ enum Mode {
 struct Tracked<'a> {
     cluster: &'a dyn Cluster,
     keeper: &'a Keeper,
+    clock: &'a StepClock,
     /// The etcd gate, asked right before any restart the actuator asks for: also one
     /// the plan did not expect (k3s running other flags than the record says).
     gate: &'a dyn RestartGate,
@@ -126,6 +128,10 @@ impl NodeReadiness for Tracked<'_> {
     }
     fn progress(&self, phase: Phase) {
         self.keeper.reach(phase);
+        if phase == Phase::Restarting {
+            // Up to here the step is regrade's; from the restart request on, k3s's.
+            self.clock.progress("asking systemd to restart k3s");
+        }
     }
 }
 
@@ -148,12 +154,13 @@ struct Parts<'a> {
     etcd: &'a dyn RestartGate,
     levels: &'a LevelsConfig,
     keeper: &'a Keeper,
-    /// When the step began: its progress lines say how long after.
-    started: Instant,
+    /// When the step was decided: its progress lines say how long after, and how much
+    /// of that was regrade's own time.
+    clock: &'a StepClock,
 }
 
 async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) -> Outcome {
-    let Parts { cluster, etcd, levels, started, .. } = p;
+    let Parts { cluster, etcd, levels, clock, .. } = p;
     let restart = levels.needs_restart(step.from, step.to);
     // Read-only first: while a peer is down, a pressured server retries every sample,
     // and must not write the Lease (take and give back) each time. The peers and etcd
@@ -162,7 +169,7 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
     let peers = async {
         let r = cluster.preflight(step).await;
         if r.is_ok() {
-            progress_line(started, "the peers allow the step");
+            clock.progress("the peers allow the step");
         }
         r
     };
@@ -172,7 +179,7 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
         }
         let r = etcd.before_restart().await.map(|_| ());
         if r.is_ok() {
-            progress_line(started, "etcd allows the restart");
+            clock.progress("etcd allows the restart");
         }
         r
     };
@@ -183,7 +190,7 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
     if let Err(refusal) = cluster.acquire(step).await {
         return Outcome::Refused(refusal);
     }
-    progress_line(started, "took the Lease");
+    clock.progress("took the Lease");
     METRICS.set_lease_held(true);
     // From here to the release the Lease is renewed on its own timer, whatever the
     // step awaits (the etcd check, the marks, the actuator, a rollback).
@@ -203,6 +210,7 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
         }
     };
     if !matches!(outcome, Outcome::Refused(_)) {
+        clock.progress("the step is over; releasing the Lease");
         kill_point::reached("before-release");
     }
     cluster.release().await;
@@ -226,7 +234,7 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
         tokio::select! {
             answer = etcd.before_restart() => match answer {
                 Ok(me) => {
-                    progress_line(p.started, "etcd allows the restart, asked again under the Lease");
+                    p.clock.progress("etcd allows the restart, asked again under the Lease");
                     Some(me)
                 }
                 Err(refusal) => return Outcome::Refused(refusal),
@@ -271,12 +279,6 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
     past_deadline(step, actuator, p, &why).await
 }
 
-/// A line of the step's progress in the journal, with the time since the step began: where
-/// a step's own share of its time goes (each call under pressure) is read from these.
-fn progress_line(started: Instant, what: &str) {
-    tracing::info!(after_ms = started.elapsed().as_millis() as u64, "{what}");
-}
-
 /// Ends at the step's `deadline` or at [`Cluster::lease_safe_until`], whichever comes
 /// first (the latter moves on with every renewal that lands), saying which.
 async fn cut(deadline: tokio::time::Instant, cluster: &dyn Cluster, levels: &LevelsConfig) -> String {
@@ -315,7 +317,10 @@ async fn under_lease(
     // marks are left to be reconciled on the level the record keeps.
     if step.direction == Direction::Down {
         kill_point::reached("before-marks");
-        keeper.reach(Phase::Marking);
+        if mode == Mode::Resume {
+            // A fresh step down's record began at `marking` already.
+            keeper.reach(Phase::Marking);
+        }
         if let Err(e) = cluster.mark_node(step.to, levels).await {
             keeper.marks_unsure.set(true);
             if mode == Mode::Fresh {
@@ -328,10 +333,10 @@ async fn under_lease(
             });
         }
         kill_point::reached("after-marks");
-        progress_line(p.started, "the Node is marked");
+        p.clock.progress("the Node is marked");
     }
     let applying = async {
-        apply(step, &mut *actuator, Tracked { cluster, keeper, gate: etcd }, levels, mode).await?;
+        apply(step, &mut *actuator, Tracked { cluster, keeper, clock: p.clock, gate: etcd }, levels, mode).await?;
         match me {
             // The Lease is held until this member is back, healthy and caught up:
             // only then may another server restart its own.
@@ -447,6 +452,9 @@ async fn apply(
             Some(s) => cluster.drain(step.to, s).await,
             None => None,
         };
+        if drained.is_some() {
+            tracked.clock.progress("the drain is over");
+        }
         if let Some(report) = drained.as_ref().filter(|r| r.interrupted && levels.needs_restart(step.from, step.to)) {
             // Stopped by a signal before the restart: k3s is still at `from`,
             // so the marks go back to it and the step did not happen.
@@ -580,7 +588,15 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(out, Outcome::Done));
         assert_eq!(
             log.take(),
@@ -611,7 +627,7 @@ mod tests {
         let c = FakeCluster::logging_to(&log);
         let gate = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
         let up = Step { direction: Direction::Up, from: Level::ControlPlane, to: Level::Full };
-        let out = block_on(run(&up, &mut a, &c, &gate, &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(&up, &mut a, &c, &gate, &LevelsConfig::default(), &keeper(), &StepClock::start()));
         let Outcome::Failed { error, .. } = out else { panic!("{out:?}") };
         assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
         assert_eq!(a.level(), Level::EtcdOnly, "k3s was not restarted");
@@ -629,7 +645,15 @@ mod tests {
             events_take: Duration::from_secs(5),
             ..FakeCluster::logging_to(&log)
         };
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on_paused(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         let calls = log.take();
         let at = |what: &str| calls.iter().position(|c| c == what).unwrap_or_else(|| panic!("no {what}: {calls:?}"));
@@ -643,7 +667,15 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::EtcdOnly).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(&UP, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(
+            &UP,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -667,7 +699,15 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log).failing();
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -692,7 +732,15 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster { lose_lease: true, ..FakeCluster::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert_eq!(a.level(), Level::EtcdOnly);
         let calls = log.take();
@@ -705,14 +753,30 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster { fail_marks: true, ..FakeCluster::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &LevelsConfig::default(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(&out, Outcome::Refused(r) if r.kind == "api-error" && r.message.contains("503")), "{out:?}");
         assert_eq!(log.take(), ["preflight", "etcd check", "acquire", "etcd check", "mark etcd-only", "release"]);
         assert_eq!(a.level(), Level::ControlPlane, "k3s untouched");
         // The PATCH may have gone through: the marks are to be reconciled, and the
         // record holds the level the step started from.
         let k = keeper();
-        block_on(run(&DOWN, &mut a, &c, &crate::etcd::NoRestartGate, &LevelsConfig::default(), &k));
+        block_on(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &crate::etcd::NoRestartGate,
+            &LevelsConfig::default(),
+            &k,
+            &StepClock::start(),
+        ));
         assert!(k.marks_unsure.get());
         assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));
     }
@@ -727,7 +791,7 @@ mod tests {
         // etcd refuses too: the peers and etcd are asked at once, and the peers' refusal
         // is the one reported.
         let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
         assert_eq!(log.take(), ["preflight", "etcd check"], "refused read-only: the Lease was never written");
         assert_eq!(a.level(), Level::ControlPlane);
@@ -740,7 +804,7 @@ mod tests {
             let mut a = FakeActuator::at(step.from).logging_to(&log);
             let c = FakeCluster::logging_to(&log);
             let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-            let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
+            let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
             assert!(matches!(&out, Outcome::Refused(r) if *r == etcd_refusal()), "{out:?}");
             assert_eq!(log.take(), ["preflight", "etcd check"], "read-only: no Lease, no marks, no apply");
             assert_eq!(a.level(), step.from);
@@ -753,7 +817,7 @@ mod tests {
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
         let g = Gate { not_back: true, ..Gate::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s is at the new level; only the catch-up failed");
         assert!(format!("{error:#}").contains("not back and caught up"), "{error:#}");
@@ -787,7 +851,8 @@ mod tests {
         let k = keeper();
         let (out, took) = block_on_paused(async {
             let t0 = tokio::time::Instant::now();
-            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k).await;
+            let out =
+                run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k, &StepClock::start()).await;
             (out, t0.elapsed())
         });
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
@@ -829,7 +894,15 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600));
         let c = FakeCluster::logging_to(&log);
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
+        let out = block_on_paused(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &one_minute_steps(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
         let calls = log.take();
         assert!(!calls.iter().any(|c| c.starts_with("roll back")), "{calls:?}");
@@ -839,7 +912,15 @@ mod tests {
         let mut a = FakeActuator { reports: &[Phase::Writing, Phase::Restarting], ..FakeActuator::at(Level::Full) }
             .logging_to(&log)
             .taking(Duration::from_secs(3600));
-        let out = block_on_paused(run(&step, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
+        let out = block_on_paused(run(
+            &step,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &one_minute_steps(),
+            &keeper(),
+            &StepClock::start(),
+        ));
         assert!(matches!(&out, Outcome::Failed { level: Level::Full, .. }), "{out:?}");
         assert!(log.take().contains(&"roll back to full".to_string()));
     }
@@ -856,7 +937,15 @@ mod tests {
         };
         let c = FakeCluster::logging_to(&log);
         let k = keeper();
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k));
+        let out = block_on_paused(run(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &one_minute_steps(),
+            &k,
+            &StepClock::start(),
+        ));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
         assert!(format!("{error:#}").contains("the bus did not answer"), "{error:#}");
@@ -884,7 +973,7 @@ mod tests {
         // restart back (the fourth) finds a member dead.
         let g = Gate { refuse_from: Some(4), ..Gate::logging_to(&log) };
         let k = keeper();
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &k));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &k, &StepClock::start()));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
         assert!(format!("{error:#}").contains("the etcd gate refused the restart back"), "{error:#}");
@@ -902,7 +991,7 @@ mod tests {
         let c = FakeCluster::logging_to(&log);
         let g = Gate { refuse_from: Some(3), ..Gate::logging_to(&log) };
         let k = keeper();
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k, &StepClock::start()));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::ControlPlane);
         assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
@@ -948,7 +1037,15 @@ mod tests {
             let mut a = FakeActuator::at(step.from).logging_to(&log);
             let c = FakeCluster::logging_to(&log);
             let k = keeper();
-            let out = block_on_paused(run(&step, &mut a, &c, &SlowCatchUp(log.clone()), &one_minute_steps(), &k));
+            let out = block_on_paused(run(
+                &step,
+                &mut a,
+                &c,
+                &SlowCatchUp(log.clone()),
+                &one_minute_steps(),
+                &k,
+                &StepClock::start(),
+            ));
             let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
             assert_eq!(*level, step.to, "{error:#}");
             assert!(format!("{error:#}").contains("kept there, not restarted back"), "{error:#}");
@@ -969,7 +1066,7 @@ mod tests {
         let mut a = FakeActuator::at(Level::Full).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
         let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-        let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
+        let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert!(!log.take().iter().any(|c| c.starts_with("etcd")));
     }
@@ -990,7 +1087,7 @@ mod tests {
             ..FakeCluster::logging_to(&log)
         };
         let g = Gate { takes: Duration::from_secs(10), ..Gate::logging_to(&log) };
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &keeper()));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &keeper(), &StepClock::start()));
         assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
         let calls = log.take();
         let at = |what: &str, nth: usize| {
@@ -1021,7 +1118,9 @@ mod tests {
         let k = keeper();
         let (out, took) = block_on_paused(async {
             let t0 = tokio::time::Instant::now();
-            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k).await;
+            let out =
+                run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k, &StepClock::start())
+                    .await;
             (out, t0.elapsed())
         });
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };

@@ -186,8 +186,16 @@ fn a_slow_api_server_never_lets_another_server_take_the_lease_mid_step() {
         let levels = regrade::levels::LevelsConfig::default();
         let t0 = Instant::now();
         let stepping = async {
-            let out =
-                regrade::step::run(&step, &mut actuator, &a, &regrade::etcd::NoRestartGate, &levels, &keeper).await;
+            let out = regrade::step::run(
+                &step,
+                &mut actuator,
+                &a,
+                &regrade::etcd::NoRestartGate,
+                &levels,
+                &keeper,
+                &regrade::own_time::StepClock::start(),
+            )
+            .await;
             (out, t0.elapsed())
         };
         let contender = async {

@@ -64,7 +64,17 @@ fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
         );
         for s in [&down, &up] {
             // The etcd gate is not what this test is about (tests/etcd_gate.rs, e2e).
-            match step::run(s, &mut k3s, &c, &regrade::etcd::NoRestartGate, &levels, &keeper).await {
+            match step::run(
+                s,
+                &mut k3s,
+                &c,
+                &regrade::etcd::NoRestartGate,
+                &levels,
+                &keeper,
+                &regrade::own_time::StepClock::start(),
+            )
+            .await
+            {
                 Outcome::Done => {}
                 other => panic!("{s:?}: {other:?}"),
             }

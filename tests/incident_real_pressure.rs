@@ -216,6 +216,27 @@ impl Drop for MemCg {
     }
 }
 
+/// The kernel's delay accounting on (`kernel.task_delayacct`) while the test runs, so
+/// that regrade's progress lines can say how long it waited for a CPU and for the disk
+/// (its own share of a step); put back as it was when dropped.
+struct DelayAccounting(String);
+
+const DELAYACCT: &str = "/proc/sys/kernel/task_delayacct";
+
+impl DelayAccounting {
+    fn on() -> DelayAccounting {
+        let was = std::fs::read_to_string(DELAYACCT).expect(DELAYACCT);
+        std::fs::write(DELAYACCT, "1").expect(DELAYACCT);
+        DelayAccounting(was)
+    }
+}
+
+impl Drop for DelayAccounting {
+    fn drop(&mut self) {
+        let _ = std::fs::write(DELAYACCT, self.0.trim());
+    }
+}
+
 /// Processes this test runs on the host (controllers, stand-in, earlyoom): killed when
 /// dropped.
 struct Procs(Vec<std::process::Child>);
@@ -670,6 +691,7 @@ fn incident_three_arms() {
     let network = Network;
     enter_netns("regrade-e2e-hub");
     let cg = Arc::new(MemCg::make());
+    let delays = DelayAccounting::on();
 
     let tmp = tempfile::tempdir().unwrap();
     let Credentials { certs, names, .. } = make_credentials(tmp.path(), &bin.join("harness"));
@@ -726,6 +748,7 @@ fn incident_three_arms() {
     println!("[done] whole run in {:.1}s", t_start.elapsed().as_secs_f64());
     drop(servers);
     drop(cg);
+    drop(delays);
     drop(network);
     drop(lock);
 }
@@ -1023,10 +1046,11 @@ async fn scenario(
             "regrade" | HELD => {
                 println!("-- server1's regrade journal during the arm (seconds from the workload's start):");
                 for (t, m, v) in s1.journal("regrade.service", t0) {
-                    // The error, where a slow look at etcd spent its time, and how long
-                    // after the step's own start (not the decision) a part ended.
+                    // The error, where a slow look at etcd spent its time, how long after
+                    // the decision a part of a step ended and how much of that was
+                    // regrade's own time.
                     let fields: Vec<String> =
-                        ["ERROR", "AFTER_MS", "LIST_MS", "LIST_FROM", "STATUS_MS", "SLOWEST_MEMBER"]
+                        ["ERROR", "AFTER_MS", "OWN_MS", "LIST_MS", "LIST_FROM", "STATUS_MS", "SLOWEST_MEMBER"]
                             .iter()
                             .map(|k| (k, field(&v, k)))
                             .filter(|(_, f)| *f != "?")
@@ -1182,22 +1206,34 @@ async fn scale_to_zero(c: &kube::Client) -> Result<(), kube::Error> {
 
 /// regrade's steps in its journal since `t0`: RSS of server1's processes at each
 /// level (from the samples), and per step its major faults, CPU time and its share.
+///
+/// Its share is read from its own progress lines, on its own clock: `after_ms` is the
+/// wall time since the decision, `own_ms` how much of it regrade ran, waited for a CPU
+/// or waited for the disk (the rest it waited for the API, etcd, systemd or the
+/// drain's pods). Up to asking systemd for the restart in a step that restarts k3s,
+/// else up to the step's end. The journal's own times (when journald received a line)
+/// give the wall times from the decision to "drop-in written" and "restart requested".
 fn regrade_figures(s1: &Server, t0: f64, samples: &[Sample]) -> (String, String) {
     let journal = s1.journal("regrade.service", t0);
     let at = |t: f64| samples.iter().rev().find(|s| s.t <= t).or(samples.first());
+    let ms = |v: &Value, k: &str| field(v, k).parse::<f64>().ok().map(|m| m / 1000.0);
     let mut freed = Vec::new();
     let mut steps = Vec::new();
     let mut start: Option<(f64, String, String)> = None;
-    let mut dropin = None;
-    let mut restart = None;
+    let (mut dropin, mut restart) = (None, None);
+    let (mut marked, mut drained, mut own, mut over) = (None, None, None, None);
     for (t, msg, v) in &journal {
         match msg.as_str() {
             "stepping" => {
                 start = Some((*t, field(v, "LEVEL").to_string(), field(v, "TO").to_string()));
-                (dropin, restart) = (None, None);
+                (dropin, restart, marked, drained, own, over) = (None, None, None, None, None, None);
             }
             m if m.starts_with("drop-in written") => dropin = Some(*t),
             m if m.starts_with("restart requested") => restart = Some(*t),
+            "the Node is marked" => marked = ms(v, "AFTER_MS"),
+            "the drain is over" => drained = ms(v, "AFTER_MS"),
+            "asking systemd to restart k3s" => own = Some(v.clone()),
+            "the step is over; releasing the Lease" => over = Some(v.clone()),
             // A failed step ends at watch's "step failed" (the actuator's "step failed;
             // restoring" comes before its rollback).
             m if m == "step done" || m == "step failed" => {
@@ -1214,13 +1250,26 @@ fn regrade_figures(s1: &Server, t0: f64, samples: &[Sample]) -> (String, String)
                     ),
                     _ => "faults ?".into(),
                 };
-                let share = match (dropin, restart) {
+                let drain = match (marked, drained) {
+                    (Some(m), Some(d)) => Some(d - m),
+                    _ => None,
+                };
+                let share = match (&own, &over) {
+                    (Some(v), _) => own_share(v, "to the restart request", drain),
+                    (None, Some(v)) => own_share(v, "of the whole step", drain),
+                    (None, None) => "own share ?".into(),
+                };
+                let wall = match (dropin, restart) {
                     (Some(d), Some(r)) => {
                         format!("decision→drop-in {:.3} s, →restart requested {:.3} s", d - ts, r - ts)
                     }
                     _ => format!("no restart; decision→done {:.3} s", t - ts),
                 };
-                steps.push(format!("{from}→{to}{failed} at +{:.1}s: {faults}, {share}, step {:.1} s", ts - t0, t - ts));
+                steps.push(format!(
+                    "{from}→{to}{failed} at +{:.1}s: {share}; {faults}, {wall}, step {:.1} s",
+                    ts - t0,
+                    t - ts
+                ));
                 if to != "full" {
                     let before = at(ts).map_or(0, |s| s.pss_kb);
                     // After: 5 s after the step's end, when evicted processes are gone.
@@ -1240,6 +1289,25 @@ fn regrade_figures(s1: &Server, t0: f64, samples: &[Sample]) -> (String, String)
         freed.push("etcd-only: not reached".into());
     }
     (freed.join("; "), if steps.is_empty() { "no step".into() } else { steps.join(" | ") })
+}
+
+/// regrade's own share of a step from one of its progress lines: "own 0.42 s of 3.90 s
+/// to the restart request (CPU 0.35, waiting for a CPU 0.04, for the disk 0.03; 0
+/// major faults), 2.10 s of it waiting for the drain".
+fn own_share(v: &Value, upto: &str, drain: Option<f64>) -> String {
+    let ms = |k: &str| field(v, k).parse::<f64>().map_or("?".to_string(), |m| format!("{:.2}", m / 1000.0));
+    let waits = match field(v, "OWN_CPU_WAIT_MS") {
+        "?" => format!("waits {}", field(v, "OWN_WAITS")),
+        _ => format!("waiting for a CPU {}, for the disk {}", ms("OWN_CPU_WAIT_MS"), ms("OWN_DISK_WAIT_MS")),
+    };
+    let drain = drain.map_or(String::new(), |d| format!(", {d:.2} s of it the drain"));
+    format!(
+        "own {} s of {} s {upto} (CPU {}, {waits}; {} major faults){drain}",
+        ms("OWN_MS"),
+        ms("AFTER_MS"),
+        ms("OWN_CPU_MS"),
+        field(v, "OWN_MAJOR_FAULTS")
+    )
 }
 
 /// A table line: its name and how it is read from a row.

@@ -76,7 +76,16 @@ fn a_step_wedged_mid_restart_ends_at_its_deadline_rolled_back() {
         let mut k3s = common::systemd_actuator(&cfg).unwrap();
 
         let t0 = Instant::now();
-        let out = step::run(&down, &mut k3s, &c, &regrade::etcd::NoRestartGate, &cfg.levels, &keeper).await;
+        let out = step::run(
+            &down,
+            &mut k3s,
+            &c,
+            &regrade::etcd::NoRestartGate,
+            &cfg.levels,
+            &keeper,
+            &regrade::own_time::StepClock::start(),
+        )
+        .await;
         let took = t0.elapsed();
         println!("the step ended after {took:.1?}: {out:?}");
 

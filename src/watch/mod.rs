@@ -24,6 +24,7 @@ use crate::level::Level;
 use crate::level_keeper::{self, Backoff, Keeper, Pending};
 use crate::level_record::LevelRecord;
 use crate::metrics::{self, METRICS};
+use crate::own_time::StepClock;
 use crate::pressure::Sampler;
 use crate::psi_trigger::{self, Cause, Pacer, Wake};
 use crate::runtime::{runtime, shed_start_up_code};
@@ -224,6 +225,9 @@ impl<'a> Watcher<'a> {
             }
             let t = self.origin.elapsed();
             let proposed = self.ticker.tick(t)?;
+            // A step's clock starts at its decision: what comes before `step::run` (the
+            // level record's check, the step lock) is the step's too.
+            let clock = proposed.as_ref().map(|_| StepClock::start());
             if !ready && self.ticker.good_samples > 0 {
                 // READY after the first good sample: the files are there and parse.
                 self.ticker.notifier.ready();
@@ -241,8 +245,8 @@ impl<'a> Watcher<'a> {
             // step is finished before any other.
             let resuming = matches!(self.pending, Pending::Resume(_));
             let proposed = proposed.filter(|s| s.from == self.ticker.state.level && !resuming);
-            if let Some(step) = proposed {
-                self.step(t, &step).await;
+            if let (Some(step), Some(clock)) = (proposed, clock) {
+                self.step(t, &step, &clock).await;
             }
             let calm = self.ticker.calm_at_top() && self.pending == Pending::Nothing;
             if let Some(pacing) = self.pacer.after_sample(calm) {
@@ -263,7 +267,7 @@ impl<'a> Watcher<'a> {
     /// Runs the step the core proposed and feeds its outcome back. Only under the step
     /// lock, and only from the record this process holds: if another process wrote
     /// the record meanwhile, the proposal is stale and the loop decides again first.
-    async fn step(&mut self, t: Duration, step: &Step) {
+    async fn step(&mut self, t: Duration, step: &Step, clock: &StepClock) {
         // The step first, then the hold: the switch-time check writes its hold first,
         // then reads this, so one of the two always sees the other.
         self.ticker.set_stepping(Some(step.to));
@@ -275,7 +279,7 @@ impl<'a> Watcher<'a> {
                     self.decide_again();
                     return;
                 }
-                Ok(Ok(_lock)) => self.run_step(step, false).await,
+                Ok(Ok(_lock)) => self.run_step(step, false, clock).await,
                 Ok(Err(busy)) => Outcome::Refused(busy_refusal(&busy)),
                 Err(error) => Outcome::Failed { level: step.from, error: error.context("nothing was changed") },
             },
@@ -415,7 +419,7 @@ impl<'a> Watcher<'a> {
             }
             Pending::Resume(step) => {
                 tracing::info!(from = %step.from, to = %step.to, "finishing the interrupted step");
-                let outcome = self.run_step(&step, true).await;
+                let outcome = self.run_step(&step, true, &StepClock::start()).await;
                 match &outcome {
                     Outcome::Refused(r) => {
                         let e = anyhow::anyhow!("the interrupted step {} -> {} was refused: {r}", step.from, step.to);
@@ -439,14 +443,14 @@ impl<'a> Watcher<'a> {
     }
 
     /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
-    async fn run_step(&mut self, step: &Step, resume: bool) -> Outcome {
+    async fn run_step(&mut self, step: &Step, resume: bool, clock: &StepClock) -> Outcome {
         let Backend { actuator, cluster, etcd } = &mut self.backend;
         let (a, c, e, l, k) = (actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &self.cfg.levels, &self.keeper);
         let fut = async move {
             if resume {
-                step::resume(step, a, c, e, l, k).await
+                step::resume(step, a, c, e, l, k, clock).await
             } else {
-                step::run(step, a, c, e, l, k).await
+                step::run(step, a, c, e, l, k, clock).await
             }
         };
         self.ticker.notifier.pinging(step::bound(&self.cfg.levels), fut).await
@@ -604,7 +608,7 @@ mod tests {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             let down =
                 Step { direction: crate::decide::Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
-            w.step(Duration::from_secs(60), &down).await;
+            w.step(Duration::from_secs(60), &down, &StepClock::start()).await;
             let undo = Step { direction: crate::decide::Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
             assert_eq!(w.pending, Pending::Resume(undo));
             let s = on_disk(&cfg).step.expect("the undoing is recorded");
@@ -691,7 +695,8 @@ mod tests {
             // `regrade step down`, SIGKILLed once k3s restarted etcd-only.
             k3s.set(Level::EtcdOnly);
             record(&cfg, Level::ControlPlane, Some((Level::ControlPlane, Level::EtcdOnly, Phase::Restarting)));
-            w.step(Duration::from_secs(60), &Step::between(Level::ControlPlane, Level::Full)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::ControlPlane, Level::Full), &StepClock::start())
+                .await;
             assert_eq!(k3s.get(), Level::EtcdOnly, "no step from the stale level");
             assert_eq!(w.pending, Pending::Adopt);
             w.converge(Duration::from_secs(61)).await;
@@ -725,7 +730,8 @@ mod tests {
             w.follow_hand_steps();
             assert!(!w.backoff.due(), "and is not made due again by looking at the disk");
             *label.borrow_mut() = Ok(None); // the API answers again
-            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane), &StepClock::start())
+                .await;
             assert_eq!(k3s.get(), Level::ControlPlane, "the proposed step ran");
         });
     }
@@ -741,7 +747,8 @@ mod tests {
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
             let held = level_keeper::StepLock::try_take(&cfg.level_record).unwrap().unwrap();
-            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(60), &Step::between(Level::Full, Level::ControlPlane), &StepClock::start())
+                .await;
             assert_eq!(k3s.get(), Level::Full, "refused while the lock is held");
             let state: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
@@ -749,7 +756,8 @@ mod tests {
             let pid = format!("PID {}", std::process::id());
             assert!(state["refusal"]["message"].as_str().unwrap().contains(&pid), "{state}");
             drop(held);
-            w.step(Duration::from_secs(120), &Step::between(Level::Full, Level::ControlPlane)).await;
+            w.step(Duration::from_secs(120), &Step::between(Level::Full, Level::ControlPlane), &StepClock::start())
+                .await;
             assert_eq!(k3s.get(), Level::ControlPlane, "stepped once the lock was free");
         });
     }
@@ -792,7 +800,7 @@ mod tests {
         let down = Step { direction: crate::decide::Direction::Down, from: Level::Full, to: Level::ControlPlane };
         runtime().unwrap().block_on(async {
             let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
-            w.step(Duration::from_secs(60), &down).await;
+            w.step(Duration::from_secs(60), &down, &StepClock::start()).await;
             assert_eq!(level.get(), Level::Full, "a held step must not reach the actuator");
             let state: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
@@ -800,7 +808,7 @@ mod tests {
             assert!(state["refusal"]["message"].as_str().unwrap().contains("a NixOS switch is turning regrade off"));
             assert!(state.get("stepping").is_none(), "no step is under way once it was refused: {state}");
             std::fs::remove_file(&hold).unwrap();
-            w.step(Duration::from_secs(120), &down).await;
+            w.step(Duration::from_secs(120), &down, &StepClock::start()).await;
             assert_eq!(level.get(), Level::ControlPlane, "without the hold the step runs");
         });
     }
