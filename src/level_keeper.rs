@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::actuator::Actuator;
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::decide::{Direction, Step};
+use crate::decide::Step;
 use crate::level::Level;
 use crate::level_record::{converge, Decision, LevelRecord, Marks, Observed, Phase};
 
@@ -171,16 +171,10 @@ impl Keeper {
         Ok(())
     }
 
-    /// Records `step` as begun (the Lease is held, nothing else changed). A step down's
-    /// first effect is the Node's marks, so its record begins at `marking`: a start
-    /// judges `leased` and `marking` alike (rolled back), and under memory pressure
-    /// each durable write costs a wait on a busy disk. An error here means nothing was
-    /// changed: the step must not go on.
-    pub fn begin(&self, step: &Step) -> anyhow::Result<()> {
-        let first = match step.direction {
-            Direction::Down => Phase::Marking,
-            Direction::Up => Phase::Leased,
-        };
+    /// Records `step` as begun, at `first`: the phase of the step's first effect (see
+    /// `step::first_phase`). An error here means nothing was changed: the step must not
+    /// go on.
+    pub fn begin(&self, step: &Step, first: Phase) -> anyhow::Result<()> {
         let r = self.current.borrow().begin(step.from, step.to).reach(first);
         self.put(r)
     }
@@ -188,7 +182,14 @@ impl Keeper {
     /// Records that the step is about to have `phase`'s effect. A failure to write is
     /// logged: the effect goes ahead (stopping half-way would be worse), and a crash
     /// before the next write is judged from the phase before.
+    ///
+    /// A phase the record on disk is at or past already is not written again: phases
+    /// only move forward, and each durable write under pressure waits on a busy disk.
     pub fn reach(&self, phase: Phase) {
+        let there = self.current.borrow().step.as_ref().is_some_and(|s| s.phase >= phase);
+        if there && self.seen.borrow().is_some() {
+            return;
+        }
         let r = self.current.borrow().reach(phase);
         if let Err(e) = self.put(r.clone()) {
             tracing::error!(error = %format!("{e:#}"), phase = %phase, "could not record the step's progress");
@@ -455,6 +456,8 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::Direction;
+    use std::os::unix::fs::MetadataExt;
 
     /// `moved_on_disk` tells the record this process wrote or read, unchanged, without
     /// reading it, and sees every write by another: a new file by rename (as every
@@ -512,10 +515,14 @@ mod tests {
         let keys = BTreeMap::from([("cluster.level_label".to_string(), "l".to_string())]);
         let k = Keeper::new(Some(p.clone()), LevelRecord::at(Level::ControlPlane, keys.clone()), keys);
         let step = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
-        k.begin(&step).unwrap();
+        k.begin(&step, Phase::Marking).unwrap();
         let on_disk = || LevelRecord::read(&p).unwrap().unwrap();
-        // A step down begins at its first effect, the marks.
         assert_eq!(on_disk().step.unwrap().phase, Phase::Marking);
+        // A phase already recorded is not written again; a later one is.
+        let written = std::fs::metadata(&p).unwrap().ino();
+        k.reach(Phase::Leased);
+        k.reach(Phase::Marking);
+        assert_eq!(std::fs::metadata(&p).unwrap().ino(), written, "a phase already on disk was written again");
         k.reach(Phase::Restarting);
         assert_eq!(on_disk().step.unwrap().phase, Phase::Restarting);
         k.settle(Level::EtcdOnly);
@@ -523,7 +530,7 @@ mod tests {
         assert_eq!((r.level, &r.step), (Level::EtcdOnly, &None));
         // A dry run keeps it in memory only.
         let k = Keeper::new(None, r.clone(), BTreeMap::new());
-        k.begin(&step).unwrap();
+        k.begin(&step, Phase::Marking).unwrap();
         assert_eq!(on_disk(), r);
     }
 

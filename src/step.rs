@@ -249,7 +249,7 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
         None
     };
     if mode == Mode::Fresh {
-        if let Err(error) = keeper.begin(step) {
+        if let Err(error) = keeper.begin(step, first_phase(step)) {
             return Outcome::Failed { level: step.from, error: error.context("nothing was changed") };
         }
     }
@@ -277,6 +277,18 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
         why = cut(deadline, cluster, levels) => why,
     };
     past_deadline(step, actuator, p, &why).await
+}
+
+/// The phase a step's level record begins at: a step down's first effect is the
+/// Node's marks, and a start judges `leased` and `marking` alike (rolled back), so it
+/// begins at `marking`. Under memory pressure each durable write waits on a disk the
+/// thrash keeps busy; this is one fewer. (`writing` is not begun at: a step cut short
+/// before its file is written undoes only the marks, and the record is what says so.)
+fn first_phase(step: &Step) -> Phase {
+    match step.direction {
+        Direction::Down => Phase::Marking,
+        Direction::Up => Phase::Leased,
+    }
 }
 
 /// Ends at the step's `deadline` or at [`Cluster::lease_safe_until`], whichever comes
@@ -317,10 +329,7 @@ async fn under_lease(
     // marks are left to be reconciled on the level the record keeps.
     if step.direction == Direction::Down {
         kill_point::reached("before-marks");
-        if mode == Mode::Resume {
-            // A fresh step down's record began at `marking` already.
-            keeper.reach(Phase::Marking);
-        }
+        keeper.reach(Phase::Marking);
         if let Err(e) = cluster.mark_node(step.to, levels).await {
             keeper.marks_unsure.set(true);
             if mode == Mode::Fresh {

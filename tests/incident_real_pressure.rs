@@ -872,7 +872,12 @@ async fn scenario(
                     .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
                     .and_then(|t| t.lines().find(|l| l.starts_with("VmLck:")).map(str::to_string))
                     .unwrap_or_default();
-                phase(&format!("regrade on server1: host PID {regrade_pid:?}, {locked}"));
+                // Its niceness: field 19 of /proc/PID/stat (the unit's Nice=).
+                let nice = regrade_pid
+                    .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+                    .and_then(|t| Some(t[t.rfind(')')? + 2..].split_whitespace().nth(19 - 3)?.to_string()))
+                    .unwrap_or_default();
+                phase(&format!("regrade on server1: host PID {regrade_pid:?}, {locked}, nice {nice}"));
                 let cfg = s1.exec(&["cat", "/etc/regrade/regrade.toml"]);
                 phase(&format!("regrade.service on server1 with {} (every other key default)", keys_set(&cfg)));
             }
