@@ -1068,6 +1068,14 @@ mod tests {
         }
     }
 
+    /// A step down's record begins at its marks (one durable write fewer); a step up's
+    /// at the Lease, since it restarts or marks only later.
+    #[test]
+    fn a_step_down_is_recorded_from_its_marks() {
+        assert_eq!(first_phase(&DOWN), Phase::Marking);
+        assert_eq!(first_phase(&UP), Phase::Leased);
+    }
+
     #[test]
     fn a_step_without_a_restart_does_not_ask_etcd() {
         let log = Log::default();
