@@ -119,11 +119,12 @@ fn rusage() -> (Duration, u64) {
 fn thread_waits() -> Waits {
     let mut sum = Waits::default();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return sum };
+    let ticks = clock_ticks();
     for task in tasks.flatten() {
         let dir = task.path();
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
         sum.for_cpu += cpu_wait(&read("schedstat")).unwrap_or_default();
-        sum.for_disk += disk_wait(&read("stat"), clock_ticks()).unwrap_or_default();
+        sum.for_disk += disk_wait(&read("stat"), ticks).unwrap_or_default();
     }
     sum
 }

@@ -585,6 +585,18 @@ mod tests {
         Keeper::new(None, crate::level_record::LevelRecord::at(Level::ControlPlane, k.clone()), k)
     }
 
+    /// `step::run` with a clock started now: the tests read no progress line's times.
+    async fn run(
+        step: &Step,
+        actuator: &mut dyn Actuator,
+        cluster: &dyn Cluster,
+        etcd: &dyn RestartGate,
+        levels: &LevelsConfig,
+        keeper: &Keeper,
+    ) -> Outcome {
+        super::run(step, actuator, cluster, etcd, levels, keeper, &StepClock::start()).await
+    }
+
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
     }
@@ -597,15 +609,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done));
         assert_eq!(
             log.take(),
@@ -636,7 +640,7 @@ mod tests {
         let c = FakeCluster::logging_to(&log);
         let gate = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
         let up = Step { direction: Direction::Up, from: Level::ControlPlane, to: Level::Full };
-        let out = block_on(run(&up, &mut a, &c, &gate, &LevelsConfig::default(), &keeper(), &StepClock::start()));
+        let out = block_on(run(&up, &mut a, &c, &gate, &LevelsConfig::default(), &keeper()));
         let Outcome::Failed { error, .. } = out else { panic!("{out:?}") };
         assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
         assert_eq!(a.level(), Level::EtcdOnly, "k3s was not restarted");
@@ -654,15 +658,7 @@ mod tests {
             events_take: Duration::from_secs(5),
             ..FakeCluster::logging_to(&log)
         };
-        let out = block_on_paused(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         let calls = log.take();
         let at = |what: &str| calls.iter().position(|c| c == what).unwrap_or_else(|| panic!("no {what}: {calls:?}"));
@@ -676,15 +672,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::EtcdOnly).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(
-            &UP,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on(run(&UP, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert_eq!(out.level_after(&UP), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -708,15 +696,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log).failing();
         let c = FakeCluster::logging_to(&log);
-        let out = block_on(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert_eq!(out.level_after(&DOWN), Some(Level::ControlPlane));
         assert_eq!(
             log.take(),
@@ -741,15 +721,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster { lose_lease: true, ..FakeCluster::logging_to(&log) };
-        let out = block_on(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert_eq!(a.level(), Level::EtcdOnly);
         let calls = log.take();
@@ -762,30 +734,14 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster { fail_marks: true, ..FakeCluster::logging_to(&log) };
-        let out = block_on(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &LevelsConfig::default(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &keeper()));
         assert!(matches!(&out, Outcome::Refused(r) if r.kind == "api-error" && r.message.contains("503")), "{out:?}");
         assert_eq!(log.take(), ["preflight", "etcd check", "acquire", "etcd check", "mark etcd-only", "release"]);
         assert_eq!(a.level(), Level::ControlPlane, "k3s untouched");
         // The PATCH may have gone through: the marks are to be reconciled, and the
         // record holds the level the step started from.
         let k = keeper();
-        block_on(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &crate::etcd::NoRestartGate,
-            &LevelsConfig::default(),
-            &k,
-            &StepClock::start(),
-        ));
+        block_on(run(&DOWN, &mut a, &c, &crate::etcd::NoRestartGate, &LevelsConfig::default(), &k));
         assert!(k.marks_unsure.get());
         assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));
     }
@@ -800,7 +756,7 @@ mod tests {
         // etcd refuses too: the peers and etcd are asked at once, and the peers' refusal
         // is the one reported.
         let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Refused(r) if r == refusal));
         assert_eq!(log.take(), ["preflight", "etcd check"], "refused read-only: the Lease was never written");
         assert_eq!(a.level(), Level::ControlPlane);
@@ -813,7 +769,7 @@ mod tests {
             let mut a = FakeActuator::at(step.from).logging_to(&log);
             let c = FakeCluster::logging_to(&log);
             let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-            let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
+            let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
             assert!(matches!(&out, Outcome::Refused(r) if *r == etcd_refusal()), "{out:?}");
             assert_eq!(log.take(), ["preflight", "etcd check"], "read-only: no Lease, no marks, no apply");
             assert_eq!(a.level(), step.from);
@@ -826,7 +782,7 @@ mod tests {
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
         let g = Gate { not_back: true, ..Gate::logging_to(&log) };
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s is at the new level; only the catch-up failed");
         assert!(format!("{error:#}").contains("not back and caught up"), "{error:#}");
@@ -860,8 +816,7 @@ mod tests {
         let k = keeper();
         let (out, took) = block_on_paused(async {
             let t0 = tokio::time::Instant::now();
-            let out =
-                run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k, &StepClock::start()).await;
+            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k).await;
             (out, t0.elapsed())
         });
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
@@ -903,15 +858,7 @@ mod tests {
         let log = Log::default();
         let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600));
         let c = FakeCluster::logging_to(&log);
-        let out = block_on_paused(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &one_minute_steps(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
         assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
         let calls = log.take();
         assert!(!calls.iter().any(|c| c.starts_with("roll back")), "{calls:?}");
@@ -921,15 +868,7 @@ mod tests {
         let mut a = FakeActuator { reports: &[Phase::Writing, Phase::Restarting], ..FakeActuator::at(Level::Full) }
             .logging_to(&log)
             .taking(Duration::from_secs(3600));
-        let out = block_on_paused(run(
-            &step,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &one_minute_steps(),
-            &keeper(),
-            &StepClock::start(),
-        ));
+        let out = block_on_paused(run(&step, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &keeper()));
         assert!(matches!(&out, Outcome::Failed { level: Level::Full, .. }), "{out:?}");
         assert!(log.take().contains(&"roll back to full".to_string()));
     }
@@ -946,15 +885,7 @@ mod tests {
         };
         let c = FakeCluster::logging_to(&log);
         let k = keeper();
-        let out = block_on_paused(run(
-            &DOWN,
-            &mut a,
-            &c,
-            &Gate::logging_to(&log),
-            &one_minute_steps(),
-            &k,
-            &StepClock::start(),
-        ));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &one_minute_steps(), &k));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
         assert!(format!("{error:#}").contains("the bus did not answer"), "{error:#}");
@@ -982,7 +913,7 @@ mod tests {
         // restart back (the fourth) finds a member dead.
         let g = Gate { refuse_from: Some(4), ..Gate::logging_to(&log) };
         let k = keeper();
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &k, &StepClock::start()));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &k));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
         assert!(format!("{error:#}").contains("the etcd gate refused the restart back"), "{error:#}");
@@ -1000,7 +931,7 @@ mod tests {
         let c = FakeCluster::logging_to(&log);
         let g = Gate { refuse_from: Some(3), ..Gate::logging_to(&log) };
         let k = keeper();
-        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k, &StepClock::start()));
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k));
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::ControlPlane);
         assert!(format!("{error:#}").contains("refused the restart at the moment of it"), "{error:#}");
@@ -1046,15 +977,7 @@ mod tests {
             let mut a = FakeActuator::at(step.from).logging_to(&log);
             let c = FakeCluster::logging_to(&log);
             let k = keeper();
-            let out = block_on_paused(run(
-                &step,
-                &mut a,
-                &c,
-                &SlowCatchUp(log.clone()),
-                &one_minute_steps(),
-                &k,
-                &StepClock::start(),
-            ));
+            let out = block_on_paused(run(&step, &mut a, &c, &SlowCatchUp(log.clone()), &one_minute_steps(), &k));
             let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
             assert_eq!(*level, step.to, "{error:#}");
             assert!(format!("{error:#}").contains("kept there, not restarted back"), "{error:#}");
@@ -1083,7 +1006,7 @@ mod tests {
         let mut a = FakeActuator::at(Level::Full).logging_to(&log);
         let c = FakeCluster::logging_to(&log);
         let g = Gate { refuse: Some(etcd_refusal()), ..Gate::logging_to(&log) };
-        let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper(), &StepClock::start()));
+        let out = block_on(run(&step, &mut a, &c, &g, &LevelsConfig::default(), &keeper()));
         assert!(matches!(out, Outcome::Done), "{out:?}");
         assert!(!log.take().iter().any(|c| c.starts_with("etcd")));
     }
@@ -1104,7 +1027,7 @@ mod tests {
             ..FakeCluster::logging_to(&log)
         };
         let g = Gate { takes: Duration::from_secs(10), ..Gate::logging_to(&log) };
-        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &keeper(), &StepClock::start()));
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &g, &one_minute_steps(), &keeper()));
         assert!(matches!(&out, Outcome::Failed { level: Level::ControlPlane, .. }), "{out:?}");
         let calls = log.take();
         let at = |what: &str, nth: usize| {
@@ -1135,9 +1058,7 @@ mod tests {
         let k = keeper();
         let (out, took) = block_on_paused(async {
             let t0 = tokio::time::Instant::now();
-            let out =
-                run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k, &StepClock::start())
-                    .await;
+            let out = run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k).await;
             (out, t0.elapsed())
         });
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
