@@ -684,6 +684,11 @@ in {
           # host that thrashes keeps its cores busy, and in the incident test a step into
           # etcd-only waited 0.22 s for a CPU at the default priority.
           Nice = -10;
+          # Ahead of the workloads for the disk: a step makes a few durable writes (its
+          # level record, the drop-in), and under thrash each waited 0.2-0.3 s behind the
+          # page-ins on the disk's queue. In the realtime class the I/O scheduler
+          # (mq-deadline, bfq) serves them first. regrade's I/O is those few writes.
+          IOSchedulingClass = "realtime";
           # The API servers discovered from default/kubernetes (cluster.endpoints_cache)
           # are cached here; ProtectSystem = "strict" leaves /var read-only otherwise.
           # Shared with regrade-credentials, which writes the minted kubeconfig here.

@@ -877,7 +877,20 @@ async fn scenario(
                     .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
                     .and_then(|t| Some(t[t.rfind(')')? + 2..].split_whitespace().nth(19 - 3)?.to_string()))
                     .unwrap_or_default();
-                phase(&format!("regrade on server1: host PID {regrade_pid:?}, {locked}, nice {nice}"));
+                // Its I/O class, per thread (the unit's IOSchedulingClass=; each thread
+                // has its own, inherited from its creator).
+                let io_classes: std::collections::BTreeSet<String> = regrade_pid
+                    .and_then(|p| std::fs::read_dir(format!("/proc/{p}/task")).ok())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| {
+                        let out = Command::new("ionice").arg("-p").arg(t.ok()?.file_name()).output().ok()?;
+                        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+                    })
+                    .collect();
+                phase(&format!(
+                    "regrade on server1: host PID {regrade_pid:?}, {locked}, nice {nice}, I/O {io_classes:?}"
+                ));
                 let cfg = s1.exec(&["cat", "/etc/regrade/regrade.toml"]);
                 phase(&format!("regrade.service on server1 with {} (every other key default)", keys_set(&cfg)));
             }

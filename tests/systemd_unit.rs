@@ -29,6 +29,8 @@ fn the_shipped_unit_is_hardened_and_still_reaches_what_regrade_needs() {
     assert_eq!(c.exec(&["systemctl", "show", "-P", "TimeoutStopUSec", "regrade.service"]).trim(), "30min");
     // Ahead of a thrashing host's workloads for a CPU.
     assert_eq!(c.exec(&["systemctl", "show", "-P", "Nice", "regrade.service"]).trim(), "-10");
+    // ... and for the disk.
+    assert_eq!(c.exec(&["systemctl", "show", "-P", "IOSchedulingClass", "regrade.service"]).trim(), "1");
 
     // The same sandbox with a probe instead of `regrade watch`: /proc/pressure,
     // /proc/meminfo, writing in the drop-in directory and the default

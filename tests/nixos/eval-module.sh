@@ -89,6 +89,7 @@ check("ProcSubset" not in svc, "regrade.service: no ProcSubset (it would hide /p
 check(svc["ReadWritePaths"] == [tmp + "/k3s/config.yaml.d", tmp + "/k3s"], "regrade.service writes only the drop-in dir and the record dir: %s" % svc["ReadWritePaths"])
 check(svc.get("StateDirectory") == "regrade", "regrade.service has StateDirectory=regrade (cluster.endpoints_cache): %s" % svc.get("StateDirectory"))
 check(svc.get("TimeoutStopSec") == "30min", "regrade.service: TimeoutStopSec=30min, a step finishes before SIGTERM is honoured")
+check(svc.get("IOSchedulingClass") == "realtime", "regrade.service: IOSchedulingClass=realtime, ahead of the workloads for the disk: %s" % svc.get("IOSchedulingClass"))
 check(svc.get("Nice") == -10, "regrade.service: Nice=-10, ahead of the workloads for a CPU: %s" % svc.get("Nice"))
 check("k3s.service" in en["units"]["regrade"]["after"] and "k3s.service" in en["units"]["regrade"]["wants"], "regrade.service is after and wants k3s.service")
 check(set(en["manifests"]) == {"regrade-rbac", "regrade-token"}, "manifests: deploy/rbac.yaml and the token Secret")
