@@ -420,8 +420,8 @@ in {
                 step_timeout = lib.mkOption {
                   type = nullOr lib.types.str;
                   default = null;
-                  example = "20m";
-                  description = "The deadline of one step, from taking the Lease to releasing it; past it the step is rolled back and reported. Must be longer than a step's waits at their bounds together (the longest `drain_timeout`, the restart's health and ready timeouts, `etcd.catch_up_timeout`). `null`: regrade's default (20m).";
+                  example = "25m";
+                  description = "The deadline of one step, from taking the Lease to releasing it; past it the step is rolled back and reported. Must be longer than a step's waits at their bounds together (the longest `drain_timeout`, the restart's health and ready timeouts, `etcd.catch_up_timeout`; or a failed restart's health and ready timeouts twice, with its undoing). `null`: regrade's default (25m).";
                 };
                 control-plane = lib.mkOption {
                   default = {};
@@ -677,7 +677,7 @@ in {
           RestartSec = "5s";
           WatchdogSec = cfg.watchdogSec;
           # regrade finishes a running step before it honours SIGTERM, so k3s is never
-          # left between levels: a step ends by levels.step_timeout (20 min by default)
+          # left between levels: a step ends by levels.step_timeout (25 min by default)
           # plus its rollback's 60 s. Stopping must not kill it midway.
           TimeoutStopSec = "30min";
           # Ahead of the workloads for a CPU: regrade needs little (0.2 s a step), but a
@@ -690,7 +690,7 @@ in {
           # (mq-deadline, bfq) serves them first. regrade's I/O is those few writes.
           IOSchedulingClass = "realtime";
           # The API servers discovered from default/kubernetes (cluster.endpoints_cache)
-          # are cached here; ProtectSystem = "strict" leaves /var read-only otherwise.
+          # and the etcd members last seen (etcd.members_cache) are cached here; ProtectSystem = "strict" leaves /var read-only otherwise.
           # Shared with regrade-credentials, which writes the minted kubeconfig here.
           StateDirectory = "regrade";
           StateDirectoryMode = "0700";

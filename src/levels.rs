@@ -110,7 +110,7 @@ pub struct DrainSettings {
     pub on_timeout: OnDrainTimeout,
 }
 
-pub const DEFAULT_STEP_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(20 * 60));
+pub const DEFAULT_STEP_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(25 * 60));
 
 pub const DEFAULT_DRAIN_TIMEOUT: HumanDuration = HumanDuration(Duration::from_secs(120));
 

@@ -315,36 +315,84 @@ impl CgroupVersion {
 struct Cgroup<R> {
     version: CgroupVersion,
     dir: PathBuf,
-    limit: R,
-    usage: R,
-    stat: R,
+    /// The cgroup's own files, then each ancestor's up to the hierarchy's root: a
+    /// limit set on a parent (a slice's `MemoryMax=`) bounds the cgroup as much as its
+    /// own does, so the figure is the least of theirs.
+    path: Vec<CgroupFiles<R>>,
     mem_total: u64,
     num_buf: [u8; NUMBER_BUF],
 }
 
+/// One cgroup's limit, usage and `memory.stat`, open.
+struct CgroupFiles<R> {
+    dir: PathBuf,
+    limit: R,
+    usage: R,
+    stat: R,
+}
+
 impl<R: ReadAt> Cgroup<R> {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+    /// The cgroup's available memory, in bytes: the least of its own and every limited
+    /// ancestor's. Allocates only on failure.
+    fn available(&mut self, stat_buf: &mut [u8]) -> Result<u64, SampleError> {
+        let (version, mem_total) = (self.version, self.mem_total);
+        let mut least = u64::MAX;
+        for (i, files) in self.path.iter_mut().enumerate() {
+            // An unlimited ancestor bounds nothing of its own (the host's memory bounds
+            // the cgroup itself already).
+            if let Some(a) = files.available(version, mem_total, i > 0, &mut self.num_buf, stat_buf)? {
+                least = least.min(a);
+            }
+        }
+        Ok(least)
+    }
+}
+
+impl<R: ReadAt> CgroupFiles<R> {
+    fn open(dir: &Path, version: CgroupVersion) -> Result<CgroupFiles<File>, SampleError> {
+        let (limit_name, usage_name, _) = version.files();
+        let open = |name: &str| {
+            File::open(dir.join(name)).map_err(|c| SampleError::Cgroup {
+                path: dir.join(name),
+                what: "cannot be opened",
+                cause: Some(c),
+            })
+        };
+        Ok(CgroupFiles {
+            dir: dir.to_path_buf(),
+            limit: open(limit_name)?,
+            usage: open(usage_name)?,
+            stat: open("memory.stat")?,
+        })
     }
 
-    /// The cgroup's available memory, in bytes. Allocates only on failure.
-    fn available(&mut self, stat_buf: &mut [u8]) -> Result<u64, SampleError> {
-        let (limit_name, usage_name, inactive_key) = self.version.files();
-        let limit = match read_number(&mut self.limit, &self.dir, limit_name, &mut self.num_buf)? {
-            Number::Max => self.mem_total,
-            Number::Value(v) => v.min(self.mem_total),
+    /// limit − (usage − inactive file pages); `None` for an unlimited cgroup when
+    /// `skip_unlimited` (an ancestor).
+    fn available(
+        &mut self,
+        version: CgroupVersion,
+        mem_total: u64,
+        skip_unlimited: bool,
+        num_buf: &mut [u8; NUMBER_BUF],
+        stat_buf: &mut [u8],
+    ) -> Result<Option<u64>, SampleError> {
+        let (limit_name, usage_name, inactive_key) = version.files();
+        let limit = match read_number(&mut self.limit, &self.dir, limit_name, num_buf)? {
+            Number::Value(v) if v < mem_total => v,
+            _ if skip_unlimited => return Ok(None),
+            _ => mem_total,
         };
-        let usage = match read_number(&mut self.usage, &self.dir, usage_name, &mut self.num_buf)? {
+        let usage = match read_number(&mut self.usage, &self.dir, usage_name, num_buf)? {
             Number::Value(v) => v,
             Number::Max => return Err(self.malformed(usage_name, "\"max\" where a usage in bytes was expected")),
         };
         let n = read_reopening(&mut self.stat, &self.dir, "memory.stat", stat_buf).map_err(|cause| {
-            SampleError::Cgroup { path: self.path("memory.stat"), what: "reading", cause: Some(cause) }
+            SampleError::Cgroup { path: self.dir.join("memory.stat"), what: "reading", cause: Some(cause) }
         })?;
         let inactive = match parse_stat(&stat_buf[..n], inactive_key.as_bytes()) {
             Ok(v) => v,
             Err(StatError::Missing) => {
-                let what = match self.version {
+                let what = match version {
                     CgroupVersion::V1 => "no total_inactive_file line",
                     CgroupVersion::V2 => "no inactive_file line",
                 };
@@ -354,11 +402,11 @@ impl<R: ReadAt> Cgroup<R> {
                 return Err(self.malformed("memory.stat", "an inactive_file that is not a whole number"))
             }
         };
-        Ok(limit.saturating_sub(usage.saturating_sub(inactive)))
+        Ok(Some(limit.saturating_sub(usage.saturating_sub(inactive))))
     }
 
     fn malformed(&self, name: &str, what: &'static str) -> SampleError {
-        SampleError::Cgroup { path: self.path(name), what, cause: None }
+        SampleError::Cgroup { path: self.dir.join(name), what, cause: None }
     }
 }
 
@@ -509,17 +557,22 @@ impl Sampler<File> {
                 None,
             ));
         };
-        let (limit_name, usage_name, _) = version.files();
-        let open = |name: &str| File::open(dir.join(name)).map_err(|c| err(name, "cannot be opened", Some(c)));
-        let (limit, usage, stat) = (open(limit_name)?, open(usage_name)?, open("memory.stat")?);
+        // The cgroup, then its ancestors while they are memory cgroups of the same
+        // hierarchy (v2's root has no memory.max; v1's root is unlimited and skipped).
+        let (limit_name, _, _) = version.files();
+        let mut path = vec![CgroupFiles::<File>::open(dir, version)?];
+        let mut up = dir.parent();
+        while let Some(d) = up.filter(|d| d.join(limit_name).exists()) {
+            path.push(CgroupFiles::<File>::open(d, version)?);
+            up = d.parent();
+        }
         let n = read_whole(&self.meminfo, &mut self.meminfo_buf[..])
             .map_err(|cause| SampleError::Io { path: self.meminfo_path.clone(), cause })?;
         let mem_total = parse_meminfo_kb(&self.meminfo_buf[..n], b"MemTotal:").map_err(|_| SampleError::Malformed {
             path: self.meminfo_path.clone(),
             what: "no MemTotal line in kB, which pressure.memory_cgroup needs to bound an unlimited cgroup",
         })?;
-        let mut cg =
-            Cgroup { version, dir: dir.to_path_buf(), limit, usage, stat, mem_total, num_buf: [0; NUMBER_BUF] };
+        let mut cg = Cgroup { version, dir: dir.to_path_buf(), path, mem_total, num_buf: [0; NUMBER_BUF] };
         cg.available(&mut self.meminfo_buf[..])?;
         self.cgroup = Some(cg);
         Ok(self)
@@ -566,10 +619,12 @@ impl<R: ReadAt> Sampler<R> {
             Some(c) => {
                 let (limit, usage, inactive) = c.version.files();
                 format!(
-                    "memory cgroup {} {}: {limit} - {usage} + {inactive} of memory.stat (limit at most MemTotal, {} MiB)",
+                    "memory cgroup {} {}: {limit} - {usage} + {inactive} of memory.stat (limit at most MemTotal, {} \
+                     MiB), and the least of that and the same of each limited ancestor ({} read)",
                     c.version.as_str(),
                     c.dir.display(),
-                    c.mem_total >> 20
+                    c.mem_total >> 20,
+                    c.path.len() - 1
                 )
             }
         }
@@ -997,6 +1052,37 @@ mod tests {
         }
     }
 
+    /// Was (issue 38, finding 4): only the configured cgroup's own limit was read, so an
+    /// unlimited `k3s.service` under a slice limited to 512 MiB, 500 MiB used, read as
+    /// 3.5 GiB available while it thrashed at its real limit. Now the least of the
+    /// cgroup's and every limited ancestor's figure; an unlimited ancestor is skipped.
+    #[test]
+    fn a_limit_on_an_ancestor_bounds_the_cgroup() {
+        for (v, unlimited) in [(CgroupVersion::V1, "9223372036854771712"), (CgroupVersion::V2, "max")] {
+            let dir = cgroup_fixture(v, &(512 * MIB).to_string(), 500 * MIB, 0, 0);
+            let parent = dir.path().join("cg");
+            let child = parent.join("k3s.service");
+            std::fs::create_dir(&child).unwrap();
+            for f in ["memory.limit_in_bytes", "memory.max"].iter().filter(|f| parent.join(f).exists()) {
+                std::fs::write(child.join(f), format!("{unlimited}\n")).unwrap();
+            }
+            for f in ["memory.usage_in_bytes", "memory.current", "memory.stat", "memory.pressure"] {
+                if parent.join(f).exists() {
+                    std::fs::copy(parent.join(f), child.join(f)).unwrap();
+                }
+            }
+            let cfg = PressureConfig { memory_cgroup: Some(child.clone()), ..cgroup_config(dir.path()) };
+            let mut s = Sampler::for_config(&cfg).unwrap();
+            assert_eq!(s.sample().unwrap().mem_available, 12 * MIB, "{v:?}: the parent's 512 - 500");
+            assert!(s.memory_source().contains("(1 read)"), "{}", s.memory_source());
+            // The parent's limit lifted (at run time, as `systemctl set-property`): the
+            // cgroup's own figure, bounded by MemTotal.
+            let limit = if v == CgroupVersion::V1 { "memory.limit_in_bytes" } else { "memory.max" };
+            std::fs::write(parent.join(limit), format!("{unlimited}\n")).unwrap();
+            assert_eq!(s.sample().unwrap().mem_available, (4096 - 500) * MIB, "{v:?}");
+        }
+    }
+
     #[test]
     fn a_v2_cgroup_is_read_with_its_own_pressure_file() {
         let dir = cgroup_fixture(CgroupVersion::V2, &(256 * MIB).to_string(), 200 * MIB, 16 * MIB, 64 * MIB);
@@ -1061,7 +1147,7 @@ mod tests {
             std::fs::copy(cg_gone.join(f), cg.join(f)).unwrap();
         }
         std::fs::write(cg.join("memory.current"), format!("{}\n", 90 * MIB)).unwrap();
-        s.cgroup.as_mut().unwrap().usage = File::open(dir.path()).unwrap();
+        s.cgroup.as_mut().unwrap().path[0].usage = File::open(dir.path()).unwrap();
         assert_eq!(s.sample().unwrap().mem_available, 10 * MIB, "the usage file was opened again by its path");
     }
 

@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regrade::etcd::client::{Endpoint, EtcdClient};
-use regrade::etcd::gate::{EtcdGate, GateError};
-use regrade::etcd::judge::{EtcdRefusal, Reason, View};
+use regrade::etcd::gate::{Cleared, EtcdGate, GateError};
+use regrade::etcd::judge::{EtcdRefusal, Reason};
 
 mod common;
 
@@ -37,11 +37,11 @@ async fn reconfigure(c: &EtcdClient, ep: &Endpoint, path: &str, body: &str) -> V
     }
 }
 
-fn refused(r: Result<View, GateError>) -> EtcdRefusal {
+fn refused(r: Result<Cleared, GateError>) -> EtcdRefusal {
     match r {
         Err(GateError::Refused(r)) => r,
         Err(GateError::Unavailable(e)) => panic!("etcd could not be asked: {e:#}"),
-        Ok(v) => panic!("not refused: {:?}", v.members(1000)),
+        Ok(c) => panic!("not refused: {c:?}"),
     }
 }
 
@@ -80,8 +80,8 @@ fn etcd_gate_against_a_real_tls_cluster() {
         );
 
         // Healthy: the gate lets this member go, and names every member right.
-        let v1 = gate1.check().await.unwrap();
-        let me1 = v1.self_id();
+        assert_eq!(gate1.check().await.unwrap(), Cleared { me: v.self_id(), this_down: false });
+        let me1 = v.self_id();
         let mut listed: Vec<(String, String)> = v
             .members(1000)
             .into_iter()
@@ -92,7 +92,7 @@ fn etcd_gate_against_a_real_tls_cluster() {
             .collect();
         listed.sort();
         assert_eq!(listed, (1..=3).map(|n| (cl.name(n).to_string(), format!("server{n}"))).collect::<Vec<_>>());
-        assert_eq!(v1.list.members.iter().find(|m| m.id == me1).unwrap().name, cl.name(1));
+        assert_eq!(v.list.members.iter().find(|m| m.id == me1).unwrap().name, cl.name(1));
 
         // Client-certificate auth is on: a client with another CA's certificate gets nothing.
         let rogue = EtcdClient::new(&cl.config(1, "rogue")).unwrap();
@@ -115,7 +115,7 @@ fn etcd_gate_against_a_real_tls_cluster() {
         // once it is back and caught up, and the gate lets member 1 go again.
         cl.start(3, &three, "existing");
         let gate3 = EtcdGate::new(&cl.config(3, "client")).unwrap();
-        let me3 = v1.list.members.iter().find(|m| m.name == cl.name(3)).unwrap().id;
+        let me3 = v.list.members.iter().find(|m| m.name == cl.name(3)).unwrap().id;
         let back = gate3.wait_back(me3, tokio::time::Instant::now() + Duration::from_secs(30), "30s").await.unwrap();
         assert_eq!(back.self_id(), me3);
         gate1.check().await.unwrap();
@@ -127,6 +127,54 @@ fn etcd_gate_against_a_real_tls_cluster() {
         cl.kill(3);
         let e = gate3.wait_back(me3, tokio::time::Instant::now() + Duration::from_secs(2), "2s").await.unwrap_err();
         assert!(format!("{e:#}").contains("not back and caught up within 2s"), "{e:#}");
+        cl.start(3, &three, "existing");
+        settled(&gate1, 3, Duration::from_secs(30)).await;
+
+        // Was (issue 38, finding 1): the gate asked only the local member, so with this
+        // server's own member down (k3s not back after a restart) every restart, the
+        // one back included, was refused as etcd-unavailable, for ever. Member 1 (this
+        // server's) SIGKILLed: the gate asks the others at the client URLs it kept, and
+        // lets the restart through without judging them, since it costs no vote: even
+        // while member 3 is down too, and from a gate started afresh (a regrade started
+        // again) reading the kept members.
+        cl.kill(1);
+        assert_eq!(gate1.check().await.unwrap(), Cleared { me: me1, this_down: true });
+        let fresh = EtcdGate::new(&cl.config(1, "client")).unwrap();
+        assert_eq!(fresh.check().await.unwrap(), Cleared { me: me1, this_down: true });
+        let look = fresh.look().await.unwrap();
+        assert!(matches!(
+            look.view.members(1000).iter().find(|(m, _)| m.id == me1),
+            Some((_, Err(Reason::Unreachable(_))))
+        ));
+        println!(
+            "[{:>5.1}s] member 1 (this server's) killed: the restart back is let through",
+            t.elapsed().as_secs_f64()
+        );
+        cl.kill(3);
+        assert_eq!(fresh.check().await.unwrap(), Cleared { me: me1, this_down: true });
+        // Without the kept members there is nobody to ask: refused, naming the key.
+        let mut uncached = cl.config(1, "client");
+        uncached.members_cache = d.join("never-written.json");
+        match EtcdGate::new(&uncached).unwrap().check().await {
+            Err(GateError::Unavailable(e)) => assert!(format!("{e:#}").contains("etcd.members_cache"), "{e:#}"),
+            other => panic!("{other:?}"),
+        }
+        // The wait after a restart asks the others too, and ends once member 1 is back.
+        let e = fresh.wait_back(me1, tokio::time::Instant::now() + Duration::from_secs(2), "2s").await.unwrap_err();
+        assert!(format!("{e:#}").contains("not back and caught up within 2s"), "{e:#}");
+        cl.start(1, &three, "existing");
+        cl.start(3, &three, "existing");
+        fresh.wait_back(me1, tokio::time::Instant::now() + Duration::from_secs(30), "30s").await.unwrap();
+        settled(&gate1, 3, Duration::from_secs(30)).await;
+        // A member that hangs (SIGSTOP: its port takes the connection, nothing answers) is
+        // not known down: the others are asked and judged, and member 3 down refuses.
+        cl.signal(1, libc::SIGSTOP);
+        assert_eq!(gate1.check().await.unwrap(), Cleared { me: me1, this_down: false });
+        cl.kill(3);
+        let r = refused(gate1.check().await);
+        assert_eq!(named(&r).0, cl.name(3), "{r}");
+        println!("[{:>5.1}s] member 1 hung: the others are judged: refused: {r}", t.elapsed().as_secs_f64());
+        cl.signal(1, libc::SIGCONT);
         cl.start(3, &three, "existing");
         settled(&gate1, 3, Duration::from_secs(30)).await;
 

@@ -48,7 +48,7 @@ use regrade::backend::Backend;
 use regrade::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
 use regrade::config::Config;
 use regrade::decide::{Direction, Step};
-use regrade::etcd::restart::MemberState;
+use regrade::etcd::restart::{Cleared, MemberState};
 use regrade::etcd::RestartGate;
 use regrade::hand::StepTarget;
 use regrade::level::Level;
@@ -291,7 +291,7 @@ struct SimGate {
 
 #[async_trait(?Send)]
 impl RestartGate for SimGate {
-    async fn before_restart(&self) -> Result<u64, Refusal> {
+    async fn before_restart(&self) -> Result<Cleared, Refusal> {
         tokio::time::sleep(Duration::from_millis(50)).await;
         self.w.borrow_mut().look_at_record(self.me);
         let w = self.w.borrow();
@@ -301,7 +301,7 @@ impl RestartGate for SimGate {
                 format!("server{j}"),
                 format!("server{j}'s member is down"),
             )),
-            None => Ok(self.me as u64),
+            None => Ok(Cleared { me: self.me as u64, this_down: false }),
         }
     }
     async fn after_restart(&self, me: u64) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let status = serde_json::from_slice::<Status>(status).map_err(|e| e.to_string());
     let statuses = list.members.iter().map(|m| (m.id, status.clone())).collect();
     let me = list.header.member_id;
-    let view = View { list, statuses };
+    let view = View { list, statuses, me };
     let _ = judge::may_restart(&view, 1000);
     let _ = judge::is_back(&view, me, 1000);
     let _ = view.members(1000);

@@ -247,16 +247,31 @@ impl DockerActuator {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        let failed = format!("restarting container {name} into level {level} failed: {failure:#}");
-        tracing::error!(container = %name, error = %failed, "putting the previous level back");
-        Err(anyhow::anyhow!("{failed}; {}", self.restore(&previous, readiness).await))
+        let failed = anyhow::anyhow!("restarting container {name} into level {level} failed: {failure:#}");
+        self.undo(from, level, &previous, failed, readiness).await
+    }
+
+    /// The restart into `to` failed: puts the previous level file back and restarts the
+    /// container into it, if a restart is allowed now; the error says what was done.
+    async fn undo(
+        &self,
+        from: Level,
+        to: Level,
+        previous: &Option<Vec<u8>>,
+        failure: anyhow::Error,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        let name = &self.cfg.container;
+        tracing::error!(container = %name, error = %format!("{failure:#}"), from = %from, to = %to, "putting the previous level back");
+        let failed = format!("stepping container {name} from {from} to {to} failed: {failure:#}");
+        super::may_undo(readiness, &failed, from).await?;
+        bail!("{failed}; {}", self.restore(previous, readiness).await)
     }
 
     /// Puts the level file back as it was (`None`: there was none) and restarts the
     /// container into it; says what it did.
     async fn restore(&self, previous: &Option<Vec<u8>>, readiness: &dyn NodeReadiness) -> String {
         let (path, name) = (self.cfg.level_file.display(), &self.cfg.container);
-        readiness.progress(Phase::Restoring);
         let put_back = match previous {
             Some(bytes) => write_level_file(&self.cfg.level_file, bytes),
             None => fsutil::remove_durable(&self.cfg.level_file).with_context(|| format!("removing level file {path}")),
@@ -354,21 +369,30 @@ impl Actuator for DockerActuator {
             return self.rewrite(to).await;
         }
         let deadline = Instant::now() + self.cfg.health_timeout.0;
-        let c = self.running_by(deadline).await?;
-        let started = self.started_level(&c).await?;
+        // A container that does not run (it never came back at `to`) is a failure of
+        // the step like any other: undone, not left with `to`'s file.
+        let found = async {
+            let c = self.running_by(deadline).await?;
+            let started = self.started_level(&c).await?;
+            anyhow::Ok((c, started))
+        };
+        let (c, started) = match found.await {
+            Ok(found) => found,
+            Err(failure) => return self.undo(from, to, &previous, failure, readiness).await,
+        };
         if self.levels.needs_restart(started, to) {
             tracing::info!(from = %from, to = %to, "k3s was not restarted with the level's flags yet: restarting it");
             return self.write_and_restart(from, to, previous, readiness).await;
         }
         tracing::info!(from = %from, to = %to, "k3s runs with the level's flags: waiting for it to serve");
+        // k3s runs `to`: the file says so too (a reversed resume may find the new
+        // level's file still there).
+        if self.levels.needs_restart(self.file_level(), to) {
+            self.rewrite(to).await?;
+        }
         match self.serving(to, c.started_at, deadline, readiness).await {
             Ok(()) => Ok(()),
-            Err(failure) => {
-                let name = &self.cfg.container;
-                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "resumed step failed; restoring");
-                let restored = self.restore(&previous, readiness).await;
-                bail!("stepping container {name} from {from} to {to} failed: {failure:#}; {restored}")
-            }
+            Err(failure) => self.undo(from, to, &previous, failure, readiness).await,
         }
     }
 

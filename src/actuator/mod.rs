@@ -23,12 +23,12 @@ pub mod systemd;
 pub trait NodeReadiness {
     async fn wait_ready_since(&self, since: SystemTime, timeout: Duration) -> anyhow::Result<()>;
 
-    /// Asked by the actuator immediately before it restarts k3s for a step (before
-    /// it writes the file the restart reads): whether the restart may go ahead now.
-    /// The answers a step got before — under the Lease, then a drain of up to
-    /// minutes — may be stale by then: a peer's etcd member that died meanwhile must
-    /// stop the restart. `Err`: do not restart; nothing has been changed. Never asked
-    /// for a restart that undoes a failed one.
+    /// Asked by the actuator immediately before every restart of k3s it asks for
+    /// (before it writes the file the restart reads), the undoing of a failed restart
+    /// included: whether the restart may go ahead now. The answers a step got before —
+    /// under the Lease, then a drain or a failed restart's wait of minutes — may be
+    /// stale by then: a peer's etcd member that died meanwhile must stop the restart,
+    /// unless this member is down already. `Err`: do not restart; change nothing.
     async fn may_restart(&self) -> anyhow::Result<()> {
         Ok(())
     }
@@ -37,6 +37,38 @@ pub trait NodeReadiness {
     /// restore after a failure): the step runner records it in the level record
     /// first, so a crash right after is judged by it (docs/level-record.md).
     fn progress(&self, _phase: Phase) {}
+}
+
+/// The error of a step whose restart failed and whose undoing could not restart k3s
+/// back ([`NodeReadiness::may_restart`] said no at that moment): k3s is left as the
+/// failure left it, with the new file, and the level record keeps the undoing
+/// (`restoring`) for a step under the Lease to finish once a restart is allowed.
+#[derive(Debug)]
+pub struct UndoPending(pub String);
+
+impl std::fmt::Display for UndoPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UndoPending {}
+
+/// Before the undoing of a failed restart restarts k3s back into `from`: the phase
+/// recorded, and the restart allowed at its moment like any other
+/// ([`NodeReadiness::may_restart`]: a member that never came back is down and lets
+/// it through; a member that came back healthy is a voter again, judged by the gate).
+/// `Err`: an [`UndoPending`] saying what failed (`failed`) and why nothing was restarted.
+pub async fn may_undo(readiness: &dyn NodeReadiness, failed: &str, from: Level) -> anyhow::Result<()> {
+    readiness.progress(Phase::Restoring);
+    match readiness.may_restart().await {
+        Ok(()) => Ok(()),
+        Err(no) => {
+            let e = format!("{failed}; k3s was not restarted back into {from}: {no:#}");
+            tracing::error!(error = %e, "the undoing waits for a restart to be allowed");
+            Err(anyhow::Error::new(UndoPending(e)))
+        }
+    }
 }
 
 #[async_trait(?Send)]

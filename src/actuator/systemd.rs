@@ -311,12 +311,25 @@ impl SystemdActuator {
         kill_point::reached("after-dropin");
         match self.restart_with(&systemd, before, level, readiness, true).await {
             Ok(()) => Ok(()),
-            Err(failure) => {
-                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %level, "step failed; restoring");
-                let restored = self.restore(previous.as_deref(), from, readiness).await;
-                Err(anyhow!("stepping k3s from {from} to {level} failed: {failure:#}; {restored}"))
-            }
+            Err(failure) => self.undo(from, level, previous.as_deref(), failure, readiness).await,
         }
+    }
+
+    /// The restart into `to` failed: puts `from`'s drop-in (`previous`) back and
+    /// restarts into it, if a restart is allowed now; the error says what was done.
+    async fn undo(
+        &self,
+        from: Level,
+        to: Level,
+        previous: Option<&[u8]>,
+        failure: anyhow::Error,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "step failed; restoring");
+        let failed = format!("stepping k3s from {from} to {to} failed: {failure:#}");
+        super::may_undo(readiness, &failed, from).await?;
+        let restored = self.restore(previous, from, readiness).await;
+        Err(anyhow!("{failed}; {restored}"))
     }
 
     /// Puts the drop-in back as it was and restarts into `level`; says what it did.
@@ -326,7 +339,6 @@ impl SystemdActuator {
             Some(_) => format!("put the previous drop-in {path} back"),
             None => format!("removed the drop-in {path} again"),
         };
-        readiness.progress(Phase::Restoring);
         if let Err(e) = dropin::put(&self.cfg.dropin, previous) {
             return format!("could NOT restore the drop-in of level {level}: {e:#}; k3s will start with the new one");
         }
@@ -410,6 +422,11 @@ impl Actuator for SystemdActuator {
             tracing::info!(from = %from, to = %to, "k3s was not restarted with the level's flags yet: restarting it");
             return self.write_and_restart(from, to, previous, readiness).await;
         }
+        // k3s runs `to`: the drop-in says so too (a reversed resume may find the new
+        // level's drop-in still there).
+        if !matches!(self.dropin(), Ok(d) if d.level().is_some_and(|l| !self.levels.needs_restart(l, to))) {
+            dropin::put(&self.cfg.dropin, self.dropin_for(to).as_deref().map(str::as_bytes))?;
+        }
         let deadline = Instant::now() + self.cfg.health_timeout.0;
         let waited = async {
             let since = SystemTime::now();
@@ -428,11 +445,7 @@ impl Actuator for SystemdActuator {
         };
         match waited.await {
             Ok(()) => Ok(()),
-            Err(failure) => {
-                tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "resumed step failed; restoring");
-                let restored = self.restore(previous.as_deref(), from, readiness).await;
-                Err(anyhow!("stepping k3s from {from} to {to} failed: {failure:#}; {restored}"))
-            }
+            Err(failure) => self.undo(from, to, previous.as_deref(), failure, readiness).await,
         }
     }
 
@@ -551,6 +564,52 @@ mod tests {
         let record = dir.path().join("started-level");
         std::fs::create_dir(&record).unwrap();
         assert!(actuator(&record).settle_record(Level::ControlPlane).is_ok());
+    }
+
+    /// Was (issue 38, finding 2): the undoing of a failed restart put the old drop-in
+    /// back and restarted k3s without asking anything, though etcd may have come back
+    /// healthy (only the Node was not Ready) while a peer's member died: a second
+    /// voter down. Now it is asked like every restart; refused, nothing is touched
+    /// and the error is the undoing left pending.
+    #[test]
+    fn the_undoing_of_a_failed_restart_is_asked_for_like_any_restart() {
+        struct Refusing(std::cell::Cell<Vec<Phase>>);
+        #[async_trait(?Send)]
+        impl NodeReadiness for Refusing {
+            async fn wait_ready_since(&self, _: SystemTime, _: Duration) -> anyhow::Result<()> {
+                Ok(())
+            }
+            async fn may_restart(&self) -> anyhow::Result<()> {
+                anyhow::bail!("etcd member server3-1a2b3c4d (Node server3): unreachable")
+            }
+            fn progress(&self, phase: Phase) {
+                let mut seen = self.0.take();
+                seen.push(phase);
+                self.0.set(seen);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = SystemdConfig {
+            record: dir.path().join("started-level"),
+            dropin: dir.path().join("50-regrade.yaml"),
+            // Nothing listens: a restart asked for would fail loudly, not hang.
+            call_timeout: HumanDuration(Duration::from_millis(100)),
+            ..SystemdConfig::default()
+        };
+        let a = SystemdActuator::new(&cfg, &LevelsConfig::default()).unwrap();
+        let to = a.dropin_for(Level::EtcdOnly).unwrap();
+        std::fs::write(&cfg.dropin, &to).unwrap();
+        let readiness = Refusing(Default::default());
+        let failure = anyhow!("the Node was not Ready on a heartbeat newer than the restart");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let e = rt.block_on(a.undo(Level::ControlPlane, Level::EtcdOnly, None, failure, &readiness)).unwrap_err();
+        let pending = e.downcast_ref::<super::super::UndoPending>().expect("the undoing is left pending");
+        assert!(
+            pending.0.contains("not restarted back into control-plane") && pending.0.contains("server3"),
+            "{pending}"
+        );
+        assert_eq!(std::fs::read_to_string(&cfg.dropin).unwrap(), to, "the drop-in of etcd-only is left as it is");
+        assert_eq!(readiness.0.take(), [Phase::Restoring], "recorded before it was asked");
     }
 
     #[test]

@@ -214,9 +214,10 @@ impl LeaseLock {
     }
 
     /// Until when the Lease is surely ours: [`safe_for`] its duration after the last
-    /// write of ours that landed. `None`: not held (never taken, released, or lost).
+    /// write of ours that landed; lost to another holder, the moment of the loss.
+    /// `None`: not held (never taken, or released).
     pub fn safe_until(&self) -> Option<Instant> {
-        self.held.borrow().as_ref()?;
+        // Not `held`: a Lease lost to another holder keeps its bound, which has passed.
         self.landed.get().map(|t| t + safe_for(self.duration))
     }
 
@@ -254,6 +255,9 @@ impl LeaseLock {
                     }
                     Ok(l) => {
                         *self.held.borrow_mut() = None;
+                        // Surely ours no longer, from now: no restart is asked for after
+                        // this (the release forgets it).
+                        self.landed.set(Instant::now().checked_sub(safe_for(self.duration)));
                         let who = l.as_ref().map(holder_of).unwrap_or_default();
                         return anyhow::anyhow!(
                             "lost Lease {}/{} to {}",

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use async_trait::async_trait;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -157,6 +158,32 @@ fn certs(key: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>>
         bail!("etcd.{key} = {}: no PEM certificate in the file", path.display());
     }
     Ok(certs)
+}
+
+/// The two questions the gate asks a member: its member list and its own status. The
+/// real [`EtcdClient`] asks over HTTPS; the simulator answers from its model.
+#[async_trait(?Send)]
+pub trait AskEtcd {
+    async fn member_list(&self, ep: &Endpoint) -> anyhow::Result<MemberList>;
+    async fn status(&self, ep: &Endpoint) -> anyhow::Result<Status>;
+}
+
+/// Whether `e` says nothing listens at the endpoint (the connection was refused): the
+/// member is not running there, which a timeout does not say.
+pub fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+    })
+}
+
+#[async_trait(?Send)]
+impl AskEtcd for EtcdClient {
+    async fn member_list(&self, ep: &Endpoint) -> anyhow::Result<MemberList> {
+        EtcdClient::member_list(self, ep).await
+    }
+    async fn status(&self, ep: &Endpoint) -> anyhow::Result<Status> {
+        EtcdClient::status(self, ep).await
+    }
 }
 
 impl EtcdClient {

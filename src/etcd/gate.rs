@@ -1,15 +1,25 @@
-//! One look at the cluster through [`EtcdClient`], and the two questions the step
-//! asks of it: may this member restart now, and is it back after the restart.
+//! One look at the cluster through [`AskEtcd`], and the two questions the step asks of
+//! it: may this member restart now, and is it back after the restart.
+//!
+//! The gate judges the **other** voters, so it must be answerable while this server's
+//! own member is down (k3s crash-looping at a new level, OOM-killed while starting):
+//! when the local endpoints do not answer, the member list is asked of the other
+//! members at the client URLs they had at the last look (`etcd.members_cache`). A
+//! local member that refuses the connection everywhere it is known is *down*: it has
+//! no vote left to lose, so a restart, which is the way back, is never refused then.
 
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use tokio::task::JoinSet;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::client::{Endpoint, EtcdClient, MemberList};
+use super::client::{refused, AskEtcd, Endpoint, EtcdClient, MemberList};
 use super::judge::{self, EtcdRefusal, View};
 use super::EtcdConfig;
+use crate::fsutil;
 
 /// How often [`EtcdGate::wait_back`] looks again.
 const LOOK_EVERY: Duration = Duration::from_millis(500);
@@ -25,10 +35,18 @@ struct LookTimes {
     slowest_status: (u64, Duration),
 }
 
+/// One look: what etcd said, and whether the local member is known down.
+pub struct Look {
+    pub view: View,
+    /// Every local endpoint refused the connection, and this member's own client URLs
+    /// did not answer either: nothing of it runs.
+    pub this_down: bool,
+}
+
 /// Why the gate says no.
 #[derive(Debug)]
 pub enum GateError {
-    /// The local member did not answer at any endpoint: etcd cannot be asked.
+    /// Neither the local member nor any other known member answered: etcd cannot be asked.
     Unavailable(anyhow::Error),
     /// etcd answered, and the answer refuses the restart.
     Refused(EtcdRefusal),
@@ -45,95 +63,208 @@ impl std::fmt::Display for GateError {
 
 impl std::error::Error for GateError {}
 
-pub struct EtcdGate {
-    client: EtcdClient,
-    endpoints: Vec<Endpoint>,
-    max_raft_lag: u64,
+/// A restart the gate lets through, and for which member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cleared {
+    /// This server's member ID (what the wait after the restart waits for).
+    pub me: u64,
+    /// This member was down: the others were not judged, since a restart cannot cost a
+    /// vote that is already gone.
+    pub this_down: bool,
 }
 
-impl EtcdGate {
+/// What the last look that reached the local member saw: which member is this
+/// server's, and every member's client URLs. Kept in `etcd.members_cache`, so a
+/// regrade started while its member is down can still ask the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownMembers {
+    pub me: u64,
+    pub members: Vec<(u64, Vec<String>)>,
+}
+
+impl KnownMembers {
+    fn of(list: &MemberList, me: u64) -> KnownMembers {
+        let mut members: Vec<(u64, Vec<String>)> =
+            list.members.iter().filter(|m| !m.client_urls.is_empty()).map(|m| (m.id, m.client_urls.clone())).collect();
+        members.sort();
+        KnownMembers { me, members }
+    }
+
+    fn read(path: &Path) -> anyhow::Result<Option<KnownMembers>> {
+        let Some(bytes) = fsutil::read_if_exists(path).with_context(|| format!("reading {}", path.display()))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes).map(Some).with_context(|| format!("{}: not a member cache", path.display()))
+    }
+}
+
+pub struct EtcdGate<A: AskEtcd = EtcdClient> {
+    ask: A,
+    endpoints: Vec<Endpoint>,
+    max_raft_lag: u64,
+    catch_up_timeout: Duration,
+    /// `etcd.members_cache` (empty: none), and what it holds, once read or written.
+    cache: PathBuf,
+    known: RefCell<Option<KnownMembers>>,
+}
+
+impl EtcdGate<EtcdClient> {
     /// Reads the certificates (an error names the missing or unreadable file).
     pub fn new(cfg: &EtcdConfig) -> anyhow::Result<EtcdGate> {
+        EtcdGate::with(EtcdClient::new(cfg)?, cfg)
+    }
+}
+
+impl<A: AskEtcd> EtcdGate<A> {
+    /// A gate asking through `ask` (the simulator's model, in its tests).
+    pub fn with(ask: A, cfg: &EtcdConfig) -> anyhow::Result<EtcdGate<A>> {
         let endpoints = cfg
             .endpoints
             .iter()
             .map(|e| Endpoint::parse(e).map_err(|err| anyhow!("etcd.endpoints: {err}")))
             .collect::<anyhow::Result<_>>()?;
-        Ok(EtcdGate { client: EtcdClient::new(cfg)?, endpoints, max_raft_lag: cfg.max_raft_lag })
+        Ok(EtcdGate {
+            ask,
+            endpoints,
+            max_raft_lag: cfg.max_raft_lag,
+            catch_up_timeout: cfg.catch_up_timeout.0,
+            cache: cfg.members_cache.clone(),
+            known: RefCell::new(None),
+        })
     }
 
     pub fn max_raft_lag(&self) -> u64 {
         self.max_raft_lag
     }
 
-    /// The member list from the first endpoint that answers, and every member's status
-    /// asked at its own client URL (this member's at the endpoint that answered), all
-    /// at once, each bounded by the request timeout.
-    pub async fn look(&self) -> anyhow::Result<View> {
-        self.look_timed().await.map(|(view, _)| view)
+    pub fn catch_up_timeout(&self) -> Duration {
+        self.catch_up_timeout
     }
 
-    /// [`Self::look`], and how long its two rounds took.
-    async fn look_timed(&self) -> anyhow::Result<(View, LookTimes)> {
-        let started = Instant::now();
-        let mut errors = Vec::new();
-        let mut found: Option<(Endpoint, MemberList)> = None;
-        for ep in &self.endpoints {
-            match self.client.member_list(ep).await {
-                Ok(l) => {
-                    found = Some((ep.clone(), l));
-                    break;
-                }
-                Err(e) => errors.push(format!("{e:#}")),
+    /// The member list and every member's status: [`Self::look_timed`].
+    pub async fn look(&self) -> anyhow::Result<Look> {
+        self.look_timed().await.map(|(look, _)| look)
+    }
+
+    fn known(&self) -> Option<KnownMembers> {
+        if self.known.borrow().is_none() && !self.cache.as_os_str().is_empty() {
+            match KnownMembers::read(&self.cache) {
+                Ok(k) => *self.known.borrow_mut() = k,
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "etcd.members_cache cannot be used"),
             }
         }
-        let (local, list) =
-            found.ok_or_else(|| anyhow!("the local etcd member did not answer: {}", errors.join("; ")))?;
-        let list_took = started.elapsed();
-        let me = list.header.member_id;
-        let mut asks = JoinSet::new();
-        let mut statuses = Vec::new();
-        for m in &list.members {
-            let urls: Vec<Endpoint> = if m.id == me {
-                vec![local.clone()]
-            } else {
-                match m.client_urls.iter().map(|u| Endpoint::parse(u)).collect::<anyhow::Result<Vec<_>>>() {
-                    Ok(u) => u,
-                    Err(e) => {
-                        statuses.push((m.id, Err(format!("{e:#}"))));
-                        continue;
+        self.known.borrow().clone()
+    }
+
+    /// Keeps what a look through the local member saw, when it changed (a membership
+    /// change is rare: the file is written durably then, not every look).
+    fn remember(&self, list: &MemberList, me: u64) {
+        let now = KnownMembers::of(list, me);
+        if self.known().as_ref() == Some(&now) {
+            return;
+        }
+        if !self.cache.as_os_str().is_empty() {
+            let bytes = serde_json::to_vec(&now).expect("a member cache serializes");
+            if let Err(e) = fsutil::write_atomic(&self.cache, &bytes, 0o600) {
+                tracing::warn!(error = %e, file = %self.cache.display(), "could not keep the etcd members for later");
+            }
+        }
+        *self.known.borrow_mut() = Some(now);
+    }
+
+    /// The member list, from the first local endpoint that answers or else from another
+    /// member at the client URLs it was known by; then every member's status asked at
+    /// its own client URLs (this member's at the local endpoint that answered), all at
+    /// once, each bounded by the request timeout.
+    async fn look_timed(&self) -> anyhow::Result<(Look, LookTimes)> {
+        let started = Instant::now();
+        let mut errors = Vec::new();
+        let mut local_refused = true;
+        let mut found: Option<(Endpoint, MemberList, u64)> = None;
+        for ep in &self.endpoints {
+            match self.ask.member_list(ep).await {
+                Ok(l) => {
+                    let me = l.header.member_id;
+                    found = Some((ep.clone(), l, me));
+                    break;
+                }
+                Err(e) => {
+                    local_refused &= refused(&e);
+                    errors.push(format!("{e:#}"));
+                }
+            }
+        }
+        let local_answered = found.is_some();
+        if !local_answered {
+            let known = self.known().ok_or_else(|| {
+                anyhow!(
+                    "the local etcd member did not answer ({}), and no other member is known yet (etcd.members_cache)",
+                    errors.join("; ")
+                )
+            })?;
+            'others: for (_, urls) in known.members.iter().filter(|(id, _)| *id != known.me) {
+                for u in urls {
+                    let Ok(ep) = Endpoint::parse(u) else { continue };
+                    match self.ask.member_list(&ep).await {
+                        Ok(l) => {
+                            found = Some((ep, l, known.me));
+                            break 'others;
+                        }
+                        Err(e) => errors.push(format!("{e:#}")),
                     }
                 }
+            }
+        }
+        let (from, list, me) = found
+            .ok_or_else(|| anyhow!("neither the local etcd member nor any other answered: {}", errors.join("; ")))?;
+        let list_took = started.elapsed();
+        if local_answered {
+            self.remember(&list, me);
+        }
+        let asks = list.members.iter().map(|m| {
+            let urls: anyhow::Result<Vec<Endpoint>> = if m.id == me && local_answered {
+                Ok(vec![from.clone()])
+            } else {
+                m.client_urls.iter().map(|u| Endpoint::parse(u)).collect()
             };
-            let (client, id) = (self.client.clone(), m.id);
-            asks.spawn(async move {
+            let id = m.id;
+            async move {
                 let asked = Instant::now();
+                let urls = match urls {
+                    Ok(u) => u,
+                    Err(e) => return (id, Err(format!("{e:#}")), Duration::ZERO),
+                };
                 let mut last = String::from("no client URL");
                 for u in &urls {
-                    match client.status(u).await {
+                    match self.ask.status(u).await {
                         Ok(s) => return (id, Ok(s), asked.elapsed()),
                         Err(e) => last = format!("{e:#}"),
                     }
                 }
                 (id, Err(last), asked.elapsed())
-            });
-        }
+            }
+        });
         let mut slowest = (0, Duration::ZERO);
-        while let Some(r) = asks.join_next().await {
-            let (id, status, took) = r.context("a status request panicked")?;
+        let mut statuses = Vec::new();
+        for (id, status, took) in futures_util::future::join_all(asks).await {
             if took >= slowest.1 {
                 slowest = (id, took);
             }
             statuses.push((id, status));
         }
-        let times = LookTimes { list: list_took, list_from: local, slowest_status: slowest };
-        Ok((View { list, statuses }, times))
+        let view = View { list, statuses, me };
+        let this_down = !local_answered && local_refused && !matches!(view.status(me), Some(Ok(_)));
+        let times = LookTimes { list: list_took, list_from: from, slowest_status: slowest };
+        Ok((Look { view, this_down }, times))
     }
 
-    /// Before a restart: Ok(view) when this member may go down now. A slow look says
-    /// in the journal which part was slow (under memory pressure, the local member).
-    pub async fn check(&self) -> Result<View, GateError> {
-        let (view, times) = self.look_timed().await.map_err(GateError::Unavailable)?;
+    /// Before a restart: whether this member may go down now. A member already down is
+    /// let through (its restart is how it comes back); otherwise every other member is
+    /// judged. A slow look says in the journal which part was slow (under memory
+    /// pressure, the local member).
+    pub async fn check(&self) -> Result<Cleared, GateError> {
+        let (look, times) = self.look_timed().await.map_err(GateError::Unavailable)?;
+        let view = &look.view;
         if times.list + times.slowest_status.1 >= SLOW_LOOK {
             let name = view.list.members.iter().find(|m| m.id == times.slowest_status.0).map(|m| m.name.as_str());
             tracing::info!(
@@ -144,8 +275,16 @@ impl EtcdGate {
                 "etcd answered slowly: the member list, then every member's status at once"
             );
         }
-        judge::may_restart(&view, self.max_raft_lag).map_err(GateError::Refused)?;
-        Ok(view)
+        let me = view.self_id();
+        if look.this_down {
+            tracing::info!(
+                list_from = %times.list_from,
+                "this etcd member is down (nothing answers at its endpoints): a restart costs no vote"
+            );
+            return Ok(Cleared { me, this_down: true });
+        }
+        judge::may_restart(view, self.max_raft_lag).map_err(GateError::Refused)?;
+        Ok(Cleared { me, this_down: false })
     }
 
     /// After a restart: waits until member `me` is back in the list, healthy and caught
@@ -153,8 +292,8 @@ impl EtcdGate {
     pub async fn wait_back(&self, me: u64, deadline: tokio::time::Instant, budget: &str) -> anyhow::Result<View> {
         loop {
             let last = match self.look().await {
-                Ok(v) => match judge::is_back(&v, me, self.max_raft_lag) {
-                    Ok(()) => return Ok(v),
+                Ok(l) => match judge::is_back(&l.view, me, self.max_raft_lag) {
+                    Ok(()) => return Ok(l.view),
                     Err(r) => r.to_string(),
                 },
                 Err(e) => format!("{e:#}"),

@@ -1,5 +1,4 @@
-//! The pure judgement: what etcd said (the member list from the local member, each
-//! member's own status) → may this member go down for a restart, and is it back?
+//! The pure judgement: what etcd said (the member list, each member's own status) → may this member go down for a restart, and is it back?
 //!
 //! Before a restart every member must be healthy — started, a voter, reachable at its
 //! client URL, in the same cluster, seeing a leader, no alarm, its applied raft index
@@ -15,10 +14,14 @@ use super::client::{Member, MemberList, Status};
 /// What one look at the cluster gave.
 #[derive(Clone, Debug)]
 pub struct View {
-    /// The member list, from the local member (its header names this member).
+    /// The member list: from the local member, or from another member when the local
+    /// one does not answer.
     pub list: MemberList,
     /// Each member's status (by member ID), or why it could not be had.
     pub statuses: Vec<(u64, Result<Status, String>)>,
+    /// This server's member: the one the local endpoint answers as (its header), or,
+    /// when it does not answer, the one it answered as last time.
+    pub me: u64,
 }
 
 /// A member as a refusal names it: its etcd name and the Node k3s runs it for.
@@ -183,12 +186,12 @@ fn member_ref(m: &Member) -> MemberRef {
 }
 
 impl View {
-    /// This member: the one whose local client URL answered the member list.
+    /// This server's member.
     pub fn self_id(&self) -> u64 {
-        self.list.header.member_id
+        self.me
     }
 
-    fn status(&self, id: u64) -> Option<&Result<Status, String>> {
+    pub fn status(&self, id: u64) -> Option<&Result<Status, String>> {
         self.statuses.iter().find(|(i, _)| *i == id).map(|(_, s)| s)
     }
 
@@ -330,6 +333,7 @@ mod tests {
                 ],
             },
             statuses: vec![(1, Ok(status(1, 2, 500))), (2, Ok(status(2, 2, 502))), (3, Ok(status(3, 2, 501)))],
+            me: 1,
         }
     }
 

@@ -5,7 +5,8 @@
 //! The node-Lease peer gate (`cluster::peers`) is a proxy: a peer whose kubelet is fine
 //! but whose etcd member is dead, partitioned on its peer port or still a learner passes
 //! it, and restarting this member then loses quorum. So the member list is read from the
-//! local member, and every member's own status from its client URL.
+//! local member (from another member when the local one is down), and every member's
+//! own status from its client URL.
 //!
 //! - [`EtcdConfig`]: `[etcd]`, k3s's client certificates by default.
 //! - [`client`]: etcd's JSON gateway over HTTPS with the client certificate.
@@ -48,6 +49,11 @@ pub struct EtcdConfig {
     /// After a restart, this member must be back in the list, healthy and caught up
     /// within this, or the step fails (the Lease is held until then).
     pub catch_up_timeout: HumanDuration,
+    /// Where the gate keeps which member is this server's and every member's client
+    /// URLs, as last seen through the local member: while the local member is down,
+    /// the others are asked there. Empty: not kept (a regrade started while its
+    /// member is down cannot then ask etcd at all).
+    pub members_cache: PathBuf,
 }
 
 /// Where k3s keeps etcd's certificates.
@@ -63,6 +69,7 @@ impl Default for EtcdConfig {
             request_timeout: HumanDuration(Duration::from_secs(3)),
             max_raft_lag: 1000,
             catch_up_timeout: HumanDuration(Duration::from_secs(300)),
+            members_cache: PathBuf::from("/var/lib/regrade/etcd-members.json"),
         }
     }
 }

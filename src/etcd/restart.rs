@@ -5,6 +5,8 @@ use std::cell::OnceCell;
 
 use async_trait::async_trait;
 
+use super::client::AskEtcd;
+pub use super::gate::Cleared;
 use super::gate::{EtcdGate, GateError};
 use super::judge::{EtcdRefusal, MemberRef, Reason};
 use super::EtcdConfig;
@@ -22,8 +24,9 @@ pub struct MemberState {
 
 #[async_trait(?Send)]
 pub trait RestartGate {
-    /// Before k3s is restarted: this member's ID, or why it may not go down now.
-    async fn before_restart(&self) -> Result<u64, Refusal>;
+    /// Before k3s is restarted: this member's ID (and whether it is down already), or
+    /// why it may not go down now.
+    async fn before_restart(&self) -> Result<Cleared, Refusal>;
     /// After the restart: Ok once member `me` is back in the list, healthy and caught
     /// up, or an error when it is not within the gate's timeout.
     async fn after_restart(&self, me: u64) -> anyhow::Result<()>;
@@ -36,8 +39,8 @@ pub struct NoRestartGate;
 
 #[async_trait(?Send)]
 impl RestartGate for NoRestartGate {
-    async fn before_restart(&self) -> Result<u64, Refusal> {
-        Ok(0)
+    async fn before_restart(&self) -> Result<Cleared, Refusal> {
+        Ok(Cleared { me: 0, this_down: false })
     }
     async fn after_restart(&self, _me: u64) -> anyhow::Result<()> {
         Ok(())
@@ -71,7 +74,7 @@ pub fn refusal(e: &GateError) -> Refusal {
     match e {
         GateError::Unavailable(err) => Refusal {
             kind: RefusalKind::EtcdUnavailable,
-            subject: "local-member".into(),
+            subject: "etcd".into(),
             message: format!("etcd cannot be asked whether this member may restart: {err:#}"),
         },
         GateError::Refused(r) => {
@@ -92,23 +95,19 @@ pub fn refusal(e: &GateError) -> Refusal {
 }
 
 #[async_trait(?Send)]
-impl RestartGate for LazyEtcdGate {
-    async fn before_restart(&self) -> Result<u64, Refusal> {
-        let gate = self.gate().map_err(|e| refusal(&GateError::Unavailable(anyhow::anyhow!(e))))?;
-        let view = gate.check().await.map_err(|e| refusal(&e))?;
-        Ok(view.self_id())
+impl<A: AskEtcd> RestartGate for EtcdGate<A> {
+    async fn before_restart(&self) -> Result<Cleared, Refusal> {
+        self.check().await.map_err(|e| refusal(&e))
     }
 
     async fn after_restart(&self, me: u64) -> anyhow::Result<()> {
-        let gate = self.gate().map_err(|e| anyhow::anyhow!(e))?;
-        let deadline = tokio::time::Instant::now() + self.cfg.catch_up_timeout.0;
-        let budget = format!("etcd.catch_up_timeout = {}", crate::units::format_duration(self.cfg.catch_up_timeout.0));
-        gate.wait_back(me, deadline, &budget).await.map(|_| ())
+        let deadline = tokio::time::Instant::now() + self.catch_up_timeout();
+        let budget = format!("etcd.catch_up_timeout = {}", crate::units::format_duration(self.catch_up_timeout()));
+        self.wait_back(me, deadline, &budget).await.map(|_| ())
     }
 
     async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
-        let gate = self.gate().map_err(|e| anyhow::anyhow!(e))?;
-        let view = gate.look().await?;
+        let view = self.look().await?.view;
         let me = view.self_id();
         Ok(view
             .list
@@ -118,9 +117,25 @@ impl RestartGate for LazyEtcdGate {
                 member: MemberRef { id: m.id, name: m.name.clone(), node: super::judge::node_of(&m.name).to_string() },
                 voter: !m.is_learner,
                 this: m.id == me,
-                health: view.health(m, gate.max_raft_lag()),
+                health: view.health(m, self.max_raft_lag()),
             })
             .collect())
+    }
+}
+
+#[async_trait(?Send)]
+impl RestartGate for LazyEtcdGate {
+    async fn before_restart(&self) -> Result<Cleared, Refusal> {
+        let gate = self.gate().map_err(|e| refusal(&GateError::Unavailable(anyhow::anyhow!(e))))?;
+        gate.before_restart().await
+    }
+
+    async fn after_restart(&self, me: u64) -> anyhow::Result<()> {
+        self.gate().map_err(|e| anyhow::anyhow!(e))?.after_restart(me).await
+    }
+
+    async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
+        self.gate().map_err(|e| anyhow::anyhow!(e))?.members().await
     }
 }
 

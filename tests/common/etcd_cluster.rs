@@ -162,6 +162,12 @@ impl EtcdCluster {
         c.wait().unwrap();
     }
 
+    /// Stops (SIGSTOP) or continues (SIGCONT) member `n`: a member that hangs.
+    pub fn signal(&self, n: usize, sig: libc::c_int) {
+        let pid = self.procs[n - 1].as_ref().expect("running").id();
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    }
+
     /// `--initial-cluster` for `members`.
     pub fn initial(&self, members: &[usize]) -> String {
         members.iter().map(|&n| format!("{}={}", self.name(n), self.peer_url(n))).collect::<Vec<_>>().join(",")
@@ -174,6 +180,7 @@ impl EtcdCluster {
             ca_file: self.dir.join("server-ca.crt"),
             cert_file: self.dir.join(format!("{client}.crt")),
             key_file: self.dir.join(format!("{client}.key")),
+            members_cache: self.dir.join(format!("etcd-members-{n}.json")),
             ..EtcdConfig::default()
         }
     }
@@ -182,8 +189,8 @@ impl EtcdCluster {
     pub fn config_toml(&self, n: usize) -> String {
         let c = self.config(n, "client");
         format!(
-            "[etcd]\nendpoints = [{:?}]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
-            c.endpoints[0], c.ca_file, c.cert_file, c.key_file
+            "[etcd]\nendpoints = [{:?}]\nca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\nmembers_cache = {:?}\n",
+            c.endpoints[0], c.ca_file, c.cert_file, c.key_file, c.members_cache
         )
     }
 }
@@ -192,7 +199,7 @@ impl EtcdCluster {
 pub async fn settled(gate: &EtcdGate, want: usize, within: Duration) -> View {
     let t0 = Instant::now();
     loop {
-        if let Ok(v) = gate.look().await {
+        if let Ok(v) = gate.look().await.map(|l| l.view) {
             let ok = v.statuses.iter().filter(|(_, s)| s.as_ref().is_ok_and(|s| s.leader != 0)).count();
             if v.list.members.len() == want && ok == want {
                 return v;
