@@ -27,7 +27,9 @@
 //! rewritten at random moments.
 //!
 //! Checked after every event: **quorum** (no restart requested by regrade while another
-//! member is down; a member already down restarting back costs no vote),
+//! member is down that was down already when this server's gate last looked at it; a
+//! member already down restarting back costs no vote), **Lease** (no restart requested
+//! by regrade unless it holds the Lease and no other server could have taken it over),
 //! **one step** (no two servers' members down for regrade at once, and no step of more
 //! than one level),
 //! **forward only** (within a step the recorded phase never moves back), and once the
@@ -48,8 +50,8 @@ use regrade::backend::Backend;
 use regrade::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
 use regrade::config::Config;
 use regrade::decide::{Direction, Step};
-use regrade::etcd::restart::{Cleared, MemberState};
-use regrade::etcd::RestartGate;
+use regrade::etcd::client::{AskEtcd, Endpoint, Header, Member, MemberList, Status};
+use regrade::etcd::gate::EtcdGate;
 use regrade::hand::StepTarget;
 use regrade::level::Level;
 use regrade::level_record::{LevelRecord, Phase};
@@ -80,6 +82,10 @@ impl Rng {
 
 const LEASE_FOR: Duration = Duration::from_secs(15);
 
+/// The longest from the gate's answer about a member to the restart request: the rest
+/// of the look (a slow status, 3 s) and the bus call (3 s).
+const LOOK_WINDOW: Duration = Duration::from_secs(6);
+
 struct World {
     start: Instant,
     rng: Rng,
@@ -96,6 +102,17 @@ struct World {
     /// A member that is up but does not catch up (raft lag): the wait after its
     /// restart lasts until it does, or the step's deadline.
     lagging: Vec<bool>,
+    /// The level whose flags this server's k3s refuses (a custom flag this k3s does
+    /// not know): started with them it crash-loops, its member down, for good.
+    refuses: Vec<Option<Level>>,
+    /// When each member last went down (killed, or its k3s restarted).
+    went_down: Vec<Instant>,
+    /// `asked[i][j]`: when server i's etcd gate last had member j's answer (its
+    /// status, or its refused connection).
+    asked: Vec<Vec<Instant>>,
+    /// The Node stays NotReady although etcd serves (a kubelet that does not come
+    /// back): readiness is not health.
+    not_ready: Vec<bool>,
     dropin: Vec<Level>,
     api_down: bool,
     levels: LevelsConfig,
@@ -119,8 +136,27 @@ impl World {
     fn restarting(&self, i: usize) -> bool {
         self.restarting_until[i].is_some_and(|u| Instant::now() < u)
     }
+    /// k3s crash-loops: it runs with flags it refuses.
+    fn crash_looping(&self, i: usize) -> bool {
+        self.refuses[i] == Some(self.running[i])
+    }
     fn up(&self, i: usize) -> bool {
-        !self.restarting(i) && !self.dead[i]
+        !self.restarting(i) && !self.dead[i] && !self.crash_looping(i)
+    }
+    /// The Node is Ready: k3s serves and its kubelet reports.
+    fn ready(&self, i: usize) -> bool {
+        !self.restarting(i) && !self.crash_looping(i) && !self.not_ready[i]
+    }
+    /// How long a call on the system bus (or a slow etcd look) takes: mostly 50 ms,
+    /// now and then seconds under the thrash. At most 3 s: the Lease's margin (a
+    /// quarter of its duration, 3.75 s here) is what a call asked for at its last
+    /// safe moment has to land in, as systemd.call_timeout is within it at the defaults.
+    fn slow_call(&mut self) -> Duration {
+        if self.rng.below(8) == 0 {
+            Duration::from_millis(500 + self.rng.below(2500))
+        } else {
+            Duration::from_millis(50)
+        }
     }
     fn violate(&mut self, what: String) {
         let line = format!("{} VIOLATION {what}", self.at());
@@ -152,11 +188,11 @@ impl World {
     }
 }
 
-/// Waits, a second at a time, until server `i`'s k3s no longer restarts; `what`
-/// within `timeout` otherwise (the Node's readiness wait and k3s's health wait).
-async fn done_restarting(w: &Shared, i: usize, timeout: Duration, what: &str) -> anyhow::Result<()> {
+/// Waits, a second at a time, until `done` holds of the world; `what` within
+/// `timeout` otherwise (the Node's readiness wait and k3s's health wait).
+async fn wait_until(w: &Shared, done: impl Fn(&World) -> bool, timeout: Duration, what: &str) -> anyhow::Result<()> {
     let until = Instant::now() + timeout;
-    while w.borrow().restarting(i) {
+    while !done(&w.borrow()) {
         anyhow::ensure!(Instant::now() < until, "{what} within {timeout:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -183,7 +219,7 @@ impl SimCluster {
             return Err(refusal(RefusalKind::LeaseHeld, "lease".into(), format!("held by {:?}", w.lease)));
         }
         for j in (0..w.label.len()).filter(|&j| j != self.me) {
-            if w.restarting(j) {
+            if !w.ready(j) {
                 return Err(refusal(RefusalKind::PeerNotReady, format!("server{j}"), "NotReady".into()));
             }
             if step.direction == Direction::Down && w.label[j].is_some() {
@@ -197,7 +233,8 @@ impl SimCluster {
 #[async_trait(?Send)]
 impl NodeReadiness for SimCluster {
     async fn wait_ready_since(&self, _: SystemTime, timeout: Duration) -> anyhow::Result<()> {
-        done_restarting(&self.w, self.me, timeout, "not Ready").await
+        let me = self.me;
+        wait_until(&self.w, |w| w.ready(me), timeout, "not Ready").await
     }
 }
 
@@ -284,39 +321,75 @@ impl Cluster for SimCluster {
     }
 }
 
-struct SimGate {
+/// etcd as the real gate ([`EtcdGate`]) sees it: each server's member answers its
+/// member list and its status at `https://10.0.0.<i+1>:2379` (and this server's at
+/// `https://127.0.0.1:2379`), refuses the connection while it is down (k3s
+/// restarting or crash-looping, or the member killed), and sees a leader while a
+/// quorum is up. A look takes 50 ms, now and then seconds.
+struct SimEtcd {
     me: usize,
     w: Shared,
 }
 
+impl SimEtcd {
+    /// The member an endpoint reaches, if it is up; else the refused connection.
+    async fn reach(&self, ep: &Endpoint) -> anyhow::Result<usize> {
+        let took = self.w.borrow_mut().slow_call();
+        tokio::time::sleep(took).await;
+        let mut w = self.w.borrow_mut();
+        w.look_at_record(self.me);
+        let url = ep.to_string();
+        let host = url.trim_start_matches("https://").split(':').next().unwrap_or("");
+        let j = match host {
+            "127.0.0.1" => self.me,
+            h => h.rsplit('.').next().and_then(|n| n.parse::<usize>().ok()).map_or(usize::MAX, |n| n - 1),
+        };
+        if j < w.dead.len() {
+            w.asked[self.me][j] = Instant::now();
+        }
+        if j >= w.dead.len() || !w.up(j) {
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Err(anyhow::Error::new(refused).context(format!("{ep}: connecting")));
+        }
+        Ok(j)
+    }
+}
+
+fn member_id(i: usize) -> u64 {
+    i as u64 + 1
+}
+
 #[async_trait(?Send)]
-impl RestartGate for SimGate {
-    async fn before_restart(&self) -> Result<Cleared, Refusal> {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.w.borrow_mut().look_at_record(self.me);
+impl AskEtcd for SimEtcd {
+    async fn member_list(&self, ep: &Endpoint) -> anyhow::Result<MemberList> {
+        let j = self.reach(ep).await?;
+        let n = self.w.borrow().dead.len();
+        let members = (0..n)
+            .map(|i| Member {
+                id: member_id(i),
+                name: format!("server{i}-0000000{i}"),
+                peer_urls: vec![format!("https://10.0.0.{}:2380", i + 1)],
+                client_urls: vec![format!("https://10.0.0.{}:2379", i + 1)],
+                is_learner: false,
+            })
+            .collect();
+        Ok(MemberList { header: Header { cluster_id: 7, member_id: member_id(j) }, members })
+    }
+    async fn status(&self, ep: &Endpoint) -> anyhow::Result<Status> {
+        let j = self.reach(ep).await?;
         let w = self.w.borrow();
-        match (0..w.dead.len()).find(|&j| j != self.me && !w.up(j)) {
-            Some(j) => Err(refusal(
-                RefusalKind::EtcdMemberUnhealthy,
-                format!("server{j}"),
-                format!("server{j}'s member is down"),
-            )),
-            None => Ok(Cleared { me: self.me as u64, this_down: false }),
-        }
-    }
-    async fn after_restart(&self, me: u64) -> anyhow::Result<()> {
-        let until = Instant::now() + Duration::from_secs(60);
-        while !self.w.borrow().up(me as usize) || self.w.borrow().lagging[me as usize] {
-            anyhow::ensure!(
-                self.w.borrow().lagging[me as usize] || Instant::now() < until,
-                "member {me} not back within 60s"
-            );
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        Ok(())
-    }
-    async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
-        Ok(vec![])
+        let up: Vec<usize> = (0..w.dead.len()).filter(|&i| w.up(i)).collect();
+        let leader = if up.len() * 2 > w.dead.len() { member_id(up[0]) } else { 0 };
+        Ok(Status {
+            header: Header { cluster_id: 7, member_id: member_id(j) },
+            version: "3.6.0".into(),
+            leader,
+            raft_index: 5000,
+            raft_applied_index: if w.lagging[j] { 10 } else { 5000 },
+            raft_term: 2,
+            is_learner: false,
+            errors: vec![],
+        })
     }
 }
 
@@ -334,20 +407,61 @@ impl SimK3s {
         // restart that puts its previous flags back is no new risk.
         let costs_a_vote = w.up(self.me);
         for j in (0..w.dead.len()).filter(|&j| j != self.me && costs_a_vote) {
-            if !w.up(j) {
+            // Down when this server's gate last asked it, or down and not asked since
+            // the last look's window (the rest of the look and the bus call, at most
+            // 6 s): what the gate is for. A member that died in that window after
+            // the look is what every check before an act leaves.
+            let asked = w.asked[self.me][j];
+            if !w.up(j) && (w.went_down[j] <= asked || asked.elapsed() > LOOK_WINDOW) {
                 let why =
                     if w.restarting(j) && w.by_regrade[j] { "restarting for regrade too (one step)" } else { "down" };
                 w.violate(format!("quorum: server{} asked k3s to restart while server{j}'s member is {why}", self.me));
             }
         }
+        // Only under the Lease, and before another server could have taken it over.
+        if w.lease != Some(self.me) || w.renewed.elapsed() > LEASE_FOR {
+            let (holder, ago) = (w.lease, w.renewed.elapsed());
+            w.violate(format!(
+                "Lease: server{} asked k3s to restart while the Lease was {holder:?}'s, renewed {ago:?} ago (lasts \
+                 {LEASE_FOR:?})",
+                self.me
+            ));
+        }
         let took = if w.rng.below(20) == 0 { Duration::from_secs(600) } else { w.rng.secs(2, 30) };
-        w.say(format!("server{} k3s restarts into {to} (takes {took:?})", self.me));
+        let refused = if w.refuses[self.me] == Some(to) { ": it refuses these flags, and crash-loops" } else { "" };
+        w.say(format!("server{} k3s restarts into {to} (takes {took:?}){refused}", self.me));
         w.running[self.me] = to;
         w.restarting_until[self.me] = Some(Instant::now() + took);
+        w.went_down[self.me] = Instant::now();
         w.by_regrade[self.me] = true;
     }
-    async fn healthy(&self) -> anyhow::Result<()> {
-        done_restarting(&self.w, self.me, Duration::from_secs(60), "k3s not healthy").await
+    /// The restart request itself: a D-Bus call, slow now and then.
+    async fn ask_restart(&self, to: Level) {
+        let took = self.w.borrow_mut().slow_call();
+        tokio::time::sleep(took).await;
+        self.restart(to);
+    }
+    /// As the systemd actuator after a restart: etcd healthy, then (where the agent
+    /// runs) the Node Ready on a fresh heartbeat; else the undoing, allowed at its
+    /// moment by the same rule as every restart ([`regrade::actuator::may_undo`]).
+    async fn serve_or_undo(&self, from: Level, to: Level, r: &dyn NodeReadiness) -> anyhow::Result<()> {
+        let me = self.me;
+        let mut served = wait_until(
+            &self.w,
+            |w| !w.restarting(me) && !w.crash_looping(me),
+            Duration::from_secs(60),
+            "k3s not healthy",
+        )
+        .await;
+        if served.is_ok() && self.w.borrow().levels.runs_agent(to) {
+            served = r.wait_ready_since(SystemTime::now(), Duration::from_secs(60)).await;
+        }
+        let Err(e) = served else { return Ok(()) };
+        let failed = format!("server{me} {from} -> {to}: {e:#}");
+        regrade::actuator::may_undo(r, &failed, from).await?;
+        self.w.borrow_mut().dropin[me] = from;
+        self.ask_restart(from).await;
+        Err(e.context(format!("restored {from}'s file and restarted into it")))
     }
 }
 
@@ -378,14 +492,10 @@ impl Actuator for SimK3s {
         self.w.borrow_mut().dropin[self.me] = to;
         if restart {
             r.progress(Phase::Restarting);
-            self.restart(to);
-            if let Err(e) = self.healthy().await {
-                // As the systemd actuator: the previous file back, and a restart into it.
-                r.progress(Phase::Restoring);
-                self.w.borrow_mut().dropin[self.me] = before;
-                self.restart(before);
-                return Err(e.context(format!("restored {before}'s file and restarted into it")));
-            }
+            // Awaits between the gate's answer and the restart request: the file's
+            // write and the bus.
+            self.ask_restart(to).await;
+            return self.serve_or_undo(before, to, r).await;
         }
         Ok(())
     }
@@ -401,13 +511,14 @@ impl Actuator for SimK3s {
         self.w.borrow_mut().look_at_record(self.me);
         self.w.borrow_mut().dropin[self.me] = from;
         if restarted {
-            self.restart(from);
+            self.ask_restart(from).await;
         }
         Ok(format!("back at {from}"))
     }
-    async fn resume(&mut self, _from: Level, to: Level, r: &dyn NodeReadiness) -> anyhow::Result<()> {
+    async fn resume(&mut self, from: Level, to: Level, r: &dyn NodeReadiness) -> anyhow::Result<()> {
         if self.w.borrow().running[self.me] == to {
-            return self.healthy().await;
+            self.w.borrow_mut().dropin[self.me] = to;
+            return self.serve_or_undo(from, to, r).await;
         }
         self.apply_level(to, r).await
     }
@@ -425,11 +536,12 @@ struct Server {
     hand: Option<tokio::task::JoinHandle<()>>,
 }
 
-fn backend(i: usize, w: &Shared) -> Backend {
+fn backend(i: usize, w: &Shared, cfg: &Config) -> Backend {
+    let etcd = EtcdGate::with(SimEtcd { me: i, w: w.clone() }, &cfg.etcd).unwrap();
     Backend {
         actuator: Box::new(SimK3s { me: i, w: w.clone() }),
         cluster: Box::new(SimCluster { me: i, w: w.clone() }),
-        etcd: Box::new(SimGate { me: i, w: w.clone() }),
+        etcd: Box::new(etcd),
     }
 }
 
@@ -442,12 +554,14 @@ impl Server {
         let cfg = Config::parse(&format!(
             "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\n\
              mem_available_floor = \"none\"\nsample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
-             [levels]\nstep_timeout = \"3m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
-             [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n",
+             [levels]\nstep_timeout = \"4m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
+             [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n\
+             members_cache = {:?}\n",
             dir.join("state.json"),
             dir.join("level.json"),
             dir.join("psi"),
             dir.join("meminfo"),
+            dir.join("etcd-members.json"),
         ))
         .unwrap();
         Server { dir, cfg: Rc::new(cfg), task: None, hand: None }
@@ -455,7 +569,7 @@ impl Server {
 
     /// `regrade step` as an operator runs it; its end goes into the trace.
     fn hand_step(&mut self, i: usize, w: &Shared, target: StepTarget) {
-        let (backend, cfg, w) = (backend(i, w), self.cfg.clone(), w.clone());
+        let (backend, cfg, w) = (backend(i, w, &self.cfg), self.cfg.clone(), w.clone());
         self.hand = Some(tokio::task::spawn_local(async move {
             let end = match regrade::hand::step_by_hand_with(&cfg, backend, target).await {
                 Ok(_) => "ended".to_string(),
@@ -476,7 +590,7 @@ impl Server {
     }
 
     fn start(&mut self, i: usize, w: &Shared) {
-        let backend = backend(i, w);
+        let backend = backend(i, w, &self.cfg);
         let cfg = self.cfg.clone();
         let w = w.clone();
         self.task = Some(tokio::task::spawn_local(async move {
@@ -511,6 +625,10 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         by_regrade: vec![false; servers],
         dead: vec![false; servers],
         lagging: vec![false; servers],
+        refuses: vec![None; servers],
+        went_down: vec![Instant::now(); servers],
+        asked: vec![vec![Instant::now(); servers]; servers],
+        not_ready: vec![false; servers],
         dropin: vec![Level::Full; servers],
         api_down: false,
         levels: LevelsConfig::default(),
@@ -519,6 +637,16 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         trace: vec![],
         violations: vec![],
     }));
+    {
+        // One seed in four: one server's k3s refuses the flags of etcd-only (a custom
+        // flag this k3s does not know), so every restart into it crash-loops.
+        let mut wb = w.borrow_mut();
+        if wb.rng.below(4) == 0 {
+            let i = wb.rng.below(servers as u64) as usize;
+            wb.refuses[i] = Some(Level::EtcdOnly);
+            wb.say(format!("server{i}'s k3s refuses the flags of etcd-only"));
+        }
+    }
     let mut s: Vec<Server> = (0..servers).map(|i| Server::new(root, i)).collect();
     for (i, srv) in s.iter_mut().enumerate() {
         srv.start(i, &w);
@@ -559,11 +687,17 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
                 let dead = !wb.dead[i];
                 wb.say(format!("server{i} etcd member {}", if dead { "dies" } else { "is back" }));
                 wb.dead[i] = dead;
+                wb.went_down[i] = Instant::now();
             }
             60..=64 => {
                 let lag = !wb.lagging[i];
                 wb.say(format!("server{i} etcd member {}", if lag { "lags" } else { "caught up" }));
                 wb.lagging[i] = lag;
+            }
+            95..=99 => {
+                let not_ready = !wb.not_ready[i];
+                wb.say(format!("server{i} Node {}", if not_ready { "stays NotReady" } else { "Ready again" }));
+                wb.not_ready[i] = not_ready;
             }
             65..=74 => {
                 wb.api_down = !wb.api_down;
@@ -593,6 +727,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
                 let dropin = wb.dropin[i];
                 wb.running[i] = dropin;
                 wb.restarting_until[i] = Some(Instant::now() + took);
+                wb.went_down[i] = Instant::now();
                 wb.by_regrade[i] = false;
                 boots[i] = Some(Instant::now() + took);
             }
@@ -606,6 +741,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         wb.api_down = false;
         wb.dead.iter_mut().for_each(|d| *d = false);
         wb.lagging.iter_mut().for_each(|d| *d = false);
+        wb.not_ready.iter_mut().for_each(|d| *d = false);
     }
     for (i, srv) in s.iter_mut().enumerate() {
         std::fs::write(srv.dir.join("psi"), CALM).unwrap();
