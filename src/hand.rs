@@ -150,6 +150,7 @@ async fn hand_steps(
                         lease_wait = Some(tokio::time::Instant::now() + patience);
                     }
                     tokio::select! {
+                        biased;
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         _ = signals.next() => interrupted = true,
                     }
@@ -191,6 +192,7 @@ impl Signals {
     /// The next signal, by name.
     async fn next(&mut self) -> &'static str {
         tokio::select! {
+            biased;
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "interrupted",
             _ = self.hup.recv() => "SIGHUP (the terminal went away)",
@@ -234,6 +236,7 @@ async fn wait_for_the_step_lock(
             Err(_) => {}
         }
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             why = signals.next() => anyhow::bail!("{why}: stopped while waiting for the step lock; nothing was changed"),
         }
@@ -250,6 +253,7 @@ async fn finish_despite_signals(
     tokio::pin!(fut);
     loop {
         tokio::select! {
+            biased;
             out = &mut fut => return out,
             why = signals.next() => {
                 *interrupted = true;

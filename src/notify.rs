@@ -59,6 +59,7 @@ impl Notifier {
         let until = tokio::time::Instant::now() + within;
         loop {
             tokio::select! {
+                biased;
                 out = &mut fut => return out,
                 _ = pings.tick() => self.watchdog(),
                 _ = tokio::time::sleep_until(until) => {}

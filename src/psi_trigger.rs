@@ -492,6 +492,7 @@ impl Pacer {
             }
         };
         let woke = tokio::select! {
+            biased;
             r = fired => Some(r),
             _ = timed_out => None,
         };

@@ -221,6 +221,7 @@ async fn go(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode) 
         let held = held(step, &mut *actuator, p, mode, restart);
         tokio::pin!(held);
         tokio::select! {
+            biased;
             outcome = &mut held => outcome,
             lost = &mut renewing => {
                 // A restart cannot be taken back half-way: cancelling it would leave k3s
@@ -253,6 +254,7 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
     // (and its Lease been released) between the two looks only once its member was back.
     let me = if restart {
         tokio::select! {
+            biased;
             answer = etcd.before_restart() => match answer {
                 Ok(cleared) => {
                     p.clock.progress("etcd allows the restart, asked again under the Lease");
@@ -277,6 +279,7 @@ async fn held(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, mode: Mode
     // The deadline, or a Lease no longer surely held, cuts the step short wherever it
     // is; the step is then rolled back.
     let why = tokio::select! {
+        biased;
         r = under_lease(step, &mut *actuator, p, mode, me) => return match r {
             Err(refusal) => Outcome::Refused(refusal),
             Ok(Ok(())) => {

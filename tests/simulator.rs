@@ -1,39 +1,51 @@
-//! The deterministic simulator (issue 23): several servers, each running regrade's real
-//! `watch` loop (`watch::run_with`: the ticker, the core, the level record, the step
-//! lock, `step::run` and `step::resume`) over a simulated world, with faults at random
+//! The deterministic simulator (issues 23 and 38): several servers, each running
+//! regrade's real `watch` loop (`watch::run_with`: the ticker, the core, the level
+//! record, the step lock, `step::run` and `step::resume`) and its real etcd gate
+//! (`EtcdGate` over a modelled etcd) over a simulated world, with faults at random
 //! moments, and the promise checked after every event.
 //!
 //! One seed is one run: single-threaded, on tokio's paused clock (timers jump; nothing
-//! waits in real time), every random choice of the world from the seed. (One thing is
-//! not: `tokio::select!` picks among branches ready at once with tokio's own RNG, seeded
-//! per runtime; replays of failing seeds have come out identical, but that is not
-//! guaranteed.) What is simulated:
+//! waits in real time), every random choice of the world from the seed. Every
+//! `tokio::select!` on regrade's path is `biased` (polled in order), so no choice is
+//! left to tokio's own RNG and a seed replays exactly. What is simulated:
 //! - the cluster: one Lease (taken over once unrenewed for its duration), each Node's
-//!   level label, peer readiness (a server whose k3s restarts is NotReady), the API
-//!   going down;
-//! - etcd: one member per server, down while its k3s restarts or while a fault kills it;
-//!   the gate refuses a restart while any other member is down;
+//!   level label, peer readiness (a server whose k3s restarts or crash-loops is
+//!   NotReady, and a Node may stay NotReady while its etcd serves: readiness is not
+//!   health), the API going down;
+//! - etcd: one member per server, asked by the real gate at its client URL (this
+//!   server's at 127.0.0.1): a member down (its k3s restarting or crash-looping, or the
+//!   member killed) refuses the connection, one that lags is behind the leader, and a
+//!   leader exists while a quorum is up;
 //! - k3s: its flags (the start record), the actuator's file (the drop-in), restarts that
-//!   take 2–30 s, or a hang of 10 min;
+//!   take 2–30 s, or a hang of 10 min; in one seed of four one server's k3s refuses the
+//!   flags of etcd-only (a custom flag this k3s does not know) and crash-loops with
+//!   them for good; the undoing of a failed restart goes through `actuator::may_undo`,
+//!   as both real actuators do;
+//! - memory: each server's own fixture PSI file, rewritten at random moments; in half
+//!   the seeds server0 reads its memory from a cgroup v2 tree (`pressure.memory_cgroup`
+//!   on `system.slice/k3s.service`, the slice limited to 512 MiB, the service not);
 //! - the processes: `watch` SIGKILLed at a random moment (its future dropped where it
 //!   stands: files written so far stay, the step lock goes with it) and started again;
 //!   `regrade step down|up|to full` by hand (`hand::step_by_hand_with`), some SIGKILLed
 //!   mid-step; a reboot (k3s restarts from the drop-in, not asked by regrade);
-//! - slow API calls (a mark now and then takes 5–40 s) and lost replies (one Lease
-//!   write or mark in 20 lands but answers an error); the step stops a quarter of
-//!   the lease duration before its Lease could be taken over (`lease_safe_until`).
+//! - slow calls: a mark now and then takes 5–40 s; a restart request on the bus and an
+//!   etcd look take 50 ms, or 0.5–3 s one time in eight (the awaits between the gate's
+//!   answer and the restart request, within the Lease's margin); lost replies (one
+//!   Lease write or mark in 20 lands but answers an error); the step stops a quarter
+//!   of the lease duration before its Lease could be taken over (`lease_safe_until`).
 //!
-//! Not simulated (yet): drains and PDBs, clock offsets, a renewal that lands late. Memory pressure comes from each server's own fixture PSI file,
-//! rewritten at random moments.
+//! Not simulated (yet): drains and PDBs, clock offsets, a renewal that lands late, a
+//! member that hangs (its connection taken, no answer).
 //!
 //! Checked after every event: **quorum** (no restart requested by regrade while another
-//! member is down that was down already when this server's gate last looked at it; a
-//! member already down restarting back costs no vote), **Lease** (no restart requested
-//! by regrade unless it holds the Lease and no other server could have taken it over),
-//! **one step** (no two servers' members down for regrade at once, and no step of more
-//! than one level),
-//! **forward only** (within a step the recorded phase never moves back), and once the
-//! faults stop and memory is calm: **one truth and liveness** (within 15 min every
+//! member is down that was down already when this server's gate last asked it, or not
+//! asked within the look's window; a member already down restarting back costs no
+//! vote), **Lease** (no restart requested by regrade unless it holds the Lease and no
+//! other server could have taken it over), **one step** (no two servers' members down
+//! for regrade at once, and no step of more than one level), **forward only** (within a
+//! step the recorded phase never moves back), **reading** (at each change of memory,
+//! regrade's own sampler and core read it as the world has it: over or calm), and once
+//! the faults stop and memory is calm: **one truth and liveness** (within 15 min every
 //! server is at `full`: record, drop-in, k3s's flags and Node label agree).
 //!
 //! `REGRADE_SIM_SEEDS=N` runs seeds 0..N (default 300); `REGRADE_SIM_SEED=S` runs one and
@@ -49,6 +61,7 @@ use regrade::actuator::{Actuator, NodeReadiness};
 use regrade::backend::Backend;
 use regrade::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
 use regrade::config::Config;
+use regrade::decide::Reading;
 use regrade::decide::{Direction, Step};
 use regrade::etcd::client::{AskEtcd, Endpoint, Header, Member, MemberList, Status};
 use regrade::etcd::gate::EtcdGate;
@@ -531,6 +544,11 @@ const OVER: &str =
 struct Server {
     dir: PathBuf,
     cfg: Rc<Config>,
+    /// Reads its memory from a cgroup v2 tree (`pressure.memory_cgroup`):
+    /// `system.slice` limited to 512 MiB, `k3s.service` in it unlimited.
+    cgroup: bool,
+    /// Its memory is over.
+    over: bool,
     task: Option<tokio::task::JoinHandle<()>>,
     /// A `regrade step` under way on this server.
     hand: Option<tokio::task::JoinHandle<()>>,
@@ -546,25 +564,75 @@ fn backend(i: usize, w: &Shared, cfg: &Config) -> Backend {
 }
 
 impl Server {
-    fn new(root: &Path, i: usize) -> Server {
+    fn new(root: &Path, i: usize, cgroup: bool) -> Server {
         let dir = root.join(format!("server{i}"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("psi"), CALM).unwrap();
         std::fs::write(dir.join("meminfo"), "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n").unwrap();
+        // The cgroup server: its PSI is k3s.service's memory.pressure (the default
+        // source resolves to it), its floor 256 MiB of the slice's 512.
+        let pressure = if cgroup {
+            let k3s = dir.join("cgroup/system.slice/k3s.service");
+            std::fs::create_dir_all(&k3s).unwrap();
+            std::fs::write(k3s.parent().unwrap().join("memory.max"), format!("{}\n", 512 << 20)).unwrap();
+            std::fs::write(k3s.join("memory.max"), "max\n").unwrap();
+            for d in [k3s.parent().unwrap(), &k3s] {
+                std::fs::write(d.join("memory.stat"), "anon 0\nfile 0\ninactive_file 0\nactive_file 0\n").unwrap();
+            }
+            format!("memory_cgroup = {k3s:?}\nmem_available_floor = \"256MiB\"\n")
+        } else {
+            format!("source = {:?}\nmem_available_floor = \"none\"\n", dir.join("psi"))
+        };
+        let mut srv = Server { dir: dir.clone(), cfg: Rc::default(), cgroup, over: false, task: None, hand: None };
+        srv.set_memory(false);
         let cfg = Config::parse(&format!(
-            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {:?}\nmeminfo = {:?}\n\
-             mem_available_floor = \"none\"\nsample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
+            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\n{pressure}meminfo = {:?}\n\
+             sample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
              [levels]\nstep_timeout = \"4m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
              [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n\
              members_cache = {:?}\n",
             dir.join("state.json"),
             dir.join("level.json"),
-            dir.join("psi"),
             dir.join("meminfo"),
             dir.join("etcd-members.json"),
         ))
         .unwrap();
-        Server { dir, cfg: Rc::new(cfg), task: None, hand: None }
+        srv.cfg = Rc::new(cfg);
+        srv
+    }
+
+    /// Memory over or calm: the PSI file, and for the cgroup server the slice's usage
+    /// near its limit (500 of 512 MiB, 12 MiB available) or not (100 MiB).
+    fn set_memory(&mut self, over: bool) {
+        let psi = if over { OVER } else { CALM };
+        if self.cgroup {
+            let k3s = self.dir.join("cgroup/system.slice/k3s.service");
+            let used = format!("{}\n", if over { 500u64 << 20 } else { 100 << 20 });
+            std::fs::write(k3s.join("memory.pressure"), psi).unwrap();
+            std::fs::write(k3s.join("memory.current"), &used).unwrap();
+            std::fs::write(k3s.parent().unwrap().join("memory.current"), &used).unwrap();
+        } else {
+            std::fs::write(self.dir.join("psi"), psi).unwrap();
+        }
+        self.over = over;
+    }
+
+    /// **Reading**: what regrade's own sampler (`Sampler::for_config`, as `watch` opens
+    /// it) and the core make of this server's memory is what the world says: over
+    /// while it is over, calm while calm. For the cgroup server the slice's limit is
+    /// the one that binds.
+    fn check_reading(&self, i: usize, w: &Shared) {
+        let mut sampler = Sampler::for_config(&self.cfg.pressure).unwrap();
+        let reading = self.cfg.core_settings().classify(&sampler.sample().unwrap());
+        let want = if self.over { Reading::Over } else { Reading::Calm };
+        if reading != want {
+            let what = if self.cgroup { " (a cgroup whose slice's limit binds)" } else { "" };
+            w.borrow_mut().violate(format!(
+                "reading: server{i}'s memory is {}{what}, but regrade reads {}",
+                want.as_str(),
+                reading.as_str()
+            ));
+        }
     }
 
     /// `regrade step` as an operator runs it; its end goes into the trace.
@@ -594,7 +662,7 @@ impl Server {
         let cfg = self.cfg.clone();
         let w = w.clone();
         self.task = Some(tokio::task::spawn_local(async move {
-            let sampler = Sampler::open(&cfg.pressure.source, &cfg.pressure.meminfo).unwrap();
+            let sampler = Sampler::for_config(&cfg.pressure).unwrap();
             if let Err(e) = regrade::watch::run_with(&cfg, backend, sampler, std::future::pending()).await {
                 w.borrow_mut().say(format!("server{i} watch stopped: {e:#}"));
             }
@@ -647,7 +715,9 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
             wb.say(format!("server{i}'s k3s refuses the flags of etcd-only"));
         }
     }
-    let mut s: Vec<Server> = (0..servers).map(|i| Server::new(root, i)).collect();
+    // Every other seed, server0 reads its memory from a cgroup whose parent's limit binds.
+    let cgroup = seed % 4 < 2;
+    let mut s: Vec<Server> = (0..servers).map(|i| Server::new(root, i, cgroup && i == 0)).collect();
     for (i, srv) in s.iter_mut().enumerate() {
         srv.start(i, &w);
     }
@@ -675,7 +745,10 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
             0..=34 => {
                 let over = wb.rng.below(2) == 0;
                 wb.say(format!("server{i} memory {}", if over { "over" } else { "calm" }));
-                std::fs::write(s[i].dir.join("psi"), if over { OVER } else { CALM }).unwrap();
+                s[i].set_memory(over);
+                drop(wb);
+                s[i].check_reading(i, &w);
+                continue;
             }
             35..=49 if boots[i].is_none() => {
                 let back = wb.rng.secs(0, 20);
@@ -744,7 +817,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         wb.not_ready.iter_mut().for_each(|d| *d = false);
     }
     for (i, srv) in s.iter_mut().enumerate() {
-        std::fs::write(srv.dir.join("psi"), CALM).unwrap();
+        srv.set_memory(false);
         if boots[i].take().is_some() {
             srv.start(i, &w);
         }

@@ -65,6 +65,7 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
         watcher
             .run_until(async {
                 tokio::select! {
+                    biased;
                     _ = term.recv() => {}
                     _ = int.recv() => {}
                 }
@@ -204,6 +205,7 @@ impl<'a> Watcher<'a> {
         let mut ready = false;
         loop {
             let wake = tokio::select! {
+                biased;
                 w = self.pacer.next() => w,
                 _ = &mut shutdown => break,
             };
