@@ -736,10 +736,18 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
                 }
             }
         }
-        let (kind, i) = {
+        let (kind, mut i) = {
             let mut wb = w.borrow_mut();
             (wb.rng.below(100), wb.rng.below(servers as u64) as usize)
         };
+        if (80..=89).contains(&kind) {
+            // An operator steps by hand where a server looks stuck (a step under way in
+            // its record, which watch has not finished yet) one time in two.
+            let stuck = (0..servers).find(|&j| s[j].record().is_some_and(|r| r.step.is_some()));
+            if let Some(j) = stuck.filter(|_| w.borrow_mut().rng.below(2) == 0) {
+                i = j;
+            }
+        }
         let mut wb = w.borrow_mut();
         match kind {
             0..=34 => {
