@@ -16,7 +16,7 @@ use anyhow::{anyhow, Context};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::client::{refused, AskEtcd, Endpoint, EtcdClient, MemberList};
+use super::client::{refused, AskEtcd, Endpoint, EtcdClient, MemberList, Status};
 use super::judge::{self, EtcdRefusal, View};
 use super::EtcdConfig;
 use crate::fsutil;
@@ -28,11 +28,32 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 const SLOW_LOOK: Duration = Duration::from_millis(300);
 
 /// How long one look's two rounds took: the member list (and where from), then the
-/// statuses asked at once (the slowest: its member ID and time).
+/// statuses asked at once (the slowest).
 struct LookTimes {
     list: Duration,
     list_from: Endpoint,
-    slowest_status: (u64, Duration),
+    slowest_status: Slowest,
+}
+
+/// The slowest status of a round: its member ID and how long it took.
+#[derive(Clone, Copy)]
+struct Slowest(u64, Duration);
+
+impl Slowest {
+    fn slower(self, other: Slowest) -> Slowest {
+        if self.1 >= other.1 {
+            self
+        } else {
+            other
+        }
+    }
+}
+
+/// Which members a list has and which of them vote: what two lists must agree on.
+fn membership(list: &MemberList) -> Vec<(u64, bool)> {
+    let mut m: Vec<(u64, bool)> = list.members.iter().map(|m| (m.id, m.is_learner)).collect();
+    m.sort();
+    m
 }
 
 /// One look: what etcd said, and whether the local member is known down.
@@ -221,11 +242,40 @@ impl<A: AskEtcd> EtcdGate<A> {
         if local_answered {
             self.remember(&list, me);
         }
+        let local = local_answered.then_some(&from);
+        let (statuses, mut slowest) = self.statuses(&list, me, local).await;
+        let mut view = View { list, statuses, me };
+        // A local member that is not healthy itself (it sees no leader, or lags) may
+        // hold a member list the cluster has moved past (a member added or removed
+        // without it): the leader's list is the one judged then.
+        if local_answered && judge::is_back(&view, me, self.max_raft_lag).is_err() {
+            if let Some(newer) = self.leaders_list(&view).await.filter(|l| membership(l) != membership(&view.list)) {
+                tracing::info!(
+                    local = %from,
+                    "the local etcd member is not healthy and its member list differs from the leader's: judging the leader's"
+                );
+                let (statuses, again) = self.statuses(&newer, me, local).await;
+                view = View { list: newer, statuses, me };
+                slowest = slowest.slower(again);
+            }
+        }
+        let this_down = !local_answered && local_refused && !matches!(view.status(me), Some(Ok(_)));
+        let times = LookTimes { list: list_took, list_from: from, slowest_status: slowest };
+        Ok((Look { view, this_down }, times))
+    }
+
+    /// Every member's status in `list`, asked at once at its client URLs (this
+    /// member's at `local`, the endpoint that answered, if any), and the slowest ask.
+    async fn statuses(
+        &self,
+        list: &MemberList,
+        me: u64,
+        local: Option<&Endpoint>,
+    ) -> (Vec<(u64, Result<Status, String>)>, Slowest) {
         let asks = list.members.iter().map(|m| {
-            let urls: anyhow::Result<Vec<Endpoint>> = if m.id == me && local_answered {
-                Ok(vec![from.clone()])
-            } else {
-                m.client_urls.iter().map(|u| Endpoint::parse(u)).collect()
+            let urls: anyhow::Result<Vec<Endpoint>> = match local {
+                Some(ep) if m.id == me => Ok(vec![ep.clone()]),
+                _ => m.client_urls.iter().map(|u| Endpoint::parse(u)).collect(),
             };
             let id = m.id;
             async move {
@@ -244,18 +294,32 @@ impl<A: AskEtcd> EtcdGate<A> {
                 (id, Err(last), asked.elapsed())
             }
         });
-        let mut slowest = (0, Duration::ZERO);
+        let mut slowest = Slowest(0, Duration::ZERO);
         let mut statuses = Vec::new();
         for (id, status, took) in futures_util::future::join_all(asks).await {
             if took >= slowest.1 {
-                slowest = (id, took);
+                slowest = Slowest(id, took);
             }
             statuses.push((id, status));
         }
-        let view = View { list, statuses, me };
-        let this_down = !local_answered && local_refused && !matches!(view.status(me), Some(Ok(_)));
-        let times = LookTimes { list: list_took, list_from: from, slowest_status: slowest };
-        Ok((Look { view, this_down }, times))
+        (statuses, slowest)
+    }
+
+    /// The member list of the leader another member names, asked at its client URLs.
+    async fn leaders_list(&self, view: &View) -> Option<MemberList> {
+        let leader = view
+            .statuses
+            .iter()
+            .filter(|(id, _)| *id != view.me)
+            .find_map(|(_, s)| s.as_ref().ok().map(|s| s.leader).filter(|&l| l != 0 && l != view.me))?;
+        let m = view.list.members.iter().find(|m| m.id == leader)?;
+        for u in &m.client_urls {
+            let Ok(ep) = Endpoint::parse(u) else { continue };
+            if let Ok(l) = self.ask.member_list(&ep).await {
+                return Some(l);
+            }
+        }
+        None
     }
 
     /// Before a restart: whether this member may go down now. A member already down is
@@ -303,5 +367,100 @@ impl<A: AskEtcd> EtcdGate<A> {
             }
             tokio::time::sleep(LOOK_EVERY).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use async_trait::async_trait;
+
+    use super::super::client::{Header, Member};
+    use super::*;
+
+    /// etcd as a table: what each endpoint answers; an endpoint not in it refuses.
+    #[derive(Default)]
+    struct Table {
+        lists: HashMap<String, MemberList>,
+        statuses: HashMap<String, Status>,
+    }
+
+    #[async_trait(?Send)]
+    impl AskEtcd for Table {
+        async fn member_list(&self, ep: &Endpoint) -> anyhow::Result<MemberList> {
+            self.lists.get(&ep.to_string()).cloned().ok_or_else(|| refused_at(ep))
+        }
+        async fn status(&self, ep: &Endpoint) -> anyhow::Result<Status> {
+            self.statuses.get(&ep.to_string()).cloned().ok_or_else(|| refused_at(ep))
+        }
+    }
+
+    fn refused_at(ep: &Endpoint) -> anyhow::Error {
+        anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)).context(format!("{ep}"))
+    }
+
+    fn url(id: u64) -> String {
+        format!("https://10.0.0.{id}:2379")
+    }
+
+    fn member(id: u64) -> Member {
+        Member {
+            id,
+            name: format!("server{id}-0000000{id}"),
+            peer_urls: vec![format!("https://10.0.0.{id}:2380")],
+            client_urls: vec![url(id)],
+            is_learner: false,
+        }
+    }
+
+    fn list(from: u64, members: Vec<Member>) -> MemberList {
+        MemberList { header: Header { cluster_id: 7, member_id: from }, members }
+    }
+
+    fn status(id: u64, leader: u64) -> Status {
+        Status {
+            header: Header { cluster_id: 7, member_id: id },
+            leader,
+            raft_index: 100,
+            raft_applied_index: 100,
+            ..Status::default()
+        }
+    }
+
+    fn gate(table: Table) -> EtcdGate<Table> {
+        let cfg = EtcdConfig { members_cache: PathBuf::new(), ..EtcdConfig::default() };
+        EtcdGate::with(table, &cfg).unwrap()
+    }
+
+    /// Was (issue 38): the member list came from the local member, which the gate never
+    /// judges. Member 1 (this server's) sees no leader and still lists three members;
+    /// the cluster added a fourth, not started yet. Judged by the local list the
+    /// restart passed, and with this member down only 2 of 4 voters would be healthy.
+    /// Now the leader's list is judged when the local member is not healthy itself.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_local_member_without_a_leader_is_not_trusted_for_the_member_list() {
+        let three: Vec<Member> = (1..=3).map(member).collect();
+        let mut four = three.clone();
+        four.push(Member { id: 4, name: String::new(), client_urls: vec![], ..member(4) });
+        let mut t = Table::default();
+        t.lists.insert("https://127.0.0.1:2379".into(), list(1, three.clone()));
+        t.lists.insert(url(2), list(2, four));
+        t.statuses.insert("https://127.0.0.1:2379".into(), status(1, 0));
+        t.statuses.insert(url(2), status(2, 2));
+        t.statuses.insert(url(3), status(3, 2));
+        match gate(t).check().await {
+            Err(GateError::Refused(EtcdRefusal::Member { member, reason })) => {
+                assert_eq!((member.id, reason.kind()), (4, "not-started"));
+            }
+            other => panic!("not refused for the fourth member: {other:?}"),
+        }
+        // A healthy local member's list is judged as it is (the leader is not asked).
+        let mut t = Table::default();
+        t.lists.insert("https://127.0.0.1:2379".into(), list(1, three));
+        t.statuses.insert("https://127.0.0.1:2379".into(), status(1, 2));
+        t.statuses.insert(url(2), status(2, 2));
+        t.statuses.insert(url(3), status(3, 2));
+        assert_eq!(gate(t).check().await.unwrap(), Cleared { me: 1, this_down: false });
     }
 }
