@@ -471,14 +471,15 @@
   adminCreds = eval {services.regrade.kubeconfig = "/etc/rancher/k3s/k3s.yaml";};
   # k3s before and after Kubernetes 1.30 (ValidatingAdmissionPolicy GA).
   k3sAt = version: eval {services.k3s.package = lib.mkForce (pkgs.k3s // {inherit version;});};
-  admissionPolicy = lib.mapAttrs (_: c: {
-    manifests = builtins.attrNames c.services.k3s.manifests;
-    inherit (c) warnings;
-  }) {
-    k3s129 = k3sAt "1.29.9+k3s1";
-    k3s130 = k3sAt "1.30.0+k3s1";
-    k3s133 = k3sAt "1.33.5+k3s1";
-  };
+  admissionPolicy =
+    lib.mapAttrs (_: c: {
+      manifests = builtins.attrNames c.services.k3s.manifests;
+      inherit (c) warnings;
+    }) {
+      k3s129 = k3sAt "1.29.9+k3s1";
+      k3s130 = k3sAt "1.30.0+k3s1";
+      k3s133 = k3sAt "1.33.5+k3s1";
+    };
   # Every path key away from its default.
   pathsElsewhere = {
     level_record = "/srv/regrade/level.json";
