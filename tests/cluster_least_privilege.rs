@@ -44,19 +44,6 @@ fn cluster(h: &Harness, kubeconfig: &Path, node: &str) -> KubeCluster {
     common::kube_cluster(&h.config(kubeconfig, node, "regrade")).unwrap()
 }
 
-fn mint(h: &Harness, node: &str, lifetime: Duration) -> MintSettings {
-    MintSettings {
-        admin_kubeconfig: h.admin_kubeconfig.clone(),
-        api_servers: Vec::new(),
-        tls_server_name: None,
-        request_timeout: Duration::from_secs(10),
-        node: node.into(),
-        kubeconfig: h.dir.join(format!("regrade-{node}.kubeconfig")),
-        lifetime,
-        force: false,
-    }
-}
-
 /// The message of a refused request; panics if it was not refused.
 fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) -> String {
     match r {
@@ -197,7 +184,7 @@ fn a_token_past_its_renewal_point_is_replaced_and_the_next_call_uses_it() {
         common::create_server_node(&admin, &Kubelet::ready("server1")).await;
         h.apply_least_privilege();
         let now = || Timestamp::now().as_second();
-        let ten_minutes = mint(&h, "server1", Duration::from_secs(600));
+        let ten_minutes = h.mint_settings("server1", Duration::from_secs(600));
         let first = match credential::ensure(&ten_minutes, now()).await.unwrap() {
             Minted::Renewed { claims, policy, .. } => {
                 assert_eq!(policy, PolicyState::InForce);
@@ -268,7 +255,7 @@ fn without_validating_admission_policy_the_policy_is_refused_and_the_rbac_alone_
     block_on(async {
         let admin = h.admin().await;
         two_servers(&admin).await;
-        let s = mint(&h, "server1", Duration::from_secs(3600));
+        let s = h.mint_settings("server1", Duration::from_secs(3600));
         let refusal = match credential::ensure(&s, Timestamp::now().as_second()).await.unwrap() {
             Minted::Renewed { policy, claims, .. } => {
                 assert_eq!(policy, PolicyState::NotServed);

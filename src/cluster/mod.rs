@@ -291,10 +291,6 @@ impl KubeCluster {
 }
 
 impl KubeCluster {
-    pub fn node_name(&self) -> &str {
-        &self.node_name
-    }
-
     /// What this credential may and may not do as regrade of this Node (`check-access`).
     pub async fn boundary(&self) -> Result<boundary::Boundary, endpoints::CallError> {
         let needs = boundary::needs(

@@ -184,21 +184,25 @@ impl Harness {
     /// ServiceAccount regrade/<node> bound to the Node, in force once this returns.
     pub async fn server_credential(&self, node: &str) -> PathBuf {
         self.apply_least_privilege();
-        let kubeconfig = self.dir.join(format!("regrade-{node}.kubeconfig"));
-        let s = regrade::cluster::credential::MintSettings {
+        let s = self.mint_settings(node, Duration::from_secs(3600));
+        regrade::cluster::credential::ensure(&s, Timestamp::now().as_second()).await.unwrap();
+        wait_for_the_policy(&s.kubeconfig).await;
+        s.kubeconfig
+    }
+
+    /// What `regrade credential` is given for `node` on this API server: the admin
+    /// kubeconfig, and regrade's kubeconfig at `DIR/regrade-<node>.kubeconfig`.
+    pub fn mint_settings(&self, node: &str, lifetime: Duration) -> regrade::cluster::credential::MintSettings {
+        regrade::cluster::credential::MintSettings {
             admin_kubeconfig: self.admin_kubeconfig.clone(),
             api_servers: Vec::new(),
             tls_server_name: None,
             request_timeout: Duration::from_secs(10),
             node: node.to_string(),
-            kubeconfig: kubeconfig.clone(),
-            lifetime: Duration::from_secs(3600),
+            kubeconfig: self.dir.join(format!("regrade-{node}.kubeconfig")),
+            lifetime,
             force: false,
-        };
-        let now = Timestamp::now().as_second();
-        regrade::cluster::credential::ensure(&s, now).await.unwrap();
-        wait_for_the_policy(&kubeconfig).await;
-        kubeconfig
+        }
     }
 
     /// Server `node`'s own credential as an API server older than 1.31 gives it: a token
