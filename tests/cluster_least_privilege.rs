@@ -11,8 +11,9 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
@@ -149,6 +150,25 @@ fn server1s_credential_changes_only_server1_and_only_regrades_marks() {
             m.contains(POLICY_REFUSED) && m.contains("Events only about Node server1, not about Node server2"),
             "{m}"
         );
+
+        // A token of server1's ServiceAccount bound to server2's Node changes nothing.
+        let server2 = nodes.get("server2").await.unwrap();
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": "server2", "uid": server2.metadata.uid},
+        }}))
+        .unwrap();
+        let accounts = Api::<ServiceAccount>::namespaced(admin.clone(), credential::NAMESPACE);
+        let crossed = accounts.create_token_request("server1", &PostParams::default(), &request).await.unwrap();
+        let crossed_file = h.dir.join("crossed.token");
+        std::fs::write(&crossed_file, crossed.status.unwrap().token).unwrap();
+        let mut kc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&kubeconfig).unwrap()).unwrap();
+        kc["users"][0]["user"]["tokenFile"] = json!(crossed_file);
+        let crossed_kubeconfig = h.dir.join("crossed.kubeconfig");
+        std::fs::write(&crossed_kubeconfig, kc.to_string()).unwrap();
+        let as_crossed = Api::<Node>::all(common::client_for(&crossed_kubeconfig).await);
+        let m =
+            refused("cordon server1 with a token bound to server2", as_crossed.patch("server1", &pp, &cordon).await);
+        assert!(m.contains(POLICY_REFUSED) && m.contains("is bound to Node server2, not to Node server1"), "{m}");
 
         // Nothing of it happened.
         assert!(!node_of(&nodes.get("server2").await.unwrap()).2);
