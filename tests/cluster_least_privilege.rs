@@ -182,6 +182,14 @@ fn server1s_credential_changes_only_server1_and_only_regrades_marks() {
         println!("--- check-access, server1's credential ---\n{b}");
         assert!(b.is_least_privilege(), "{b}");
         assert_eq!(b.bound_node(), Some("server1"));
+        assert_eq!(b.own_marks.as_ref().map(|p| &p.outcome), Some(&boundary::Outcome::Allowed), "{b}");
+        // A taint key the policy does not name would be refused at the first step:
+        // check-access says so before it comes to that.
+        let mut renamed = h.config(&kubeconfig, "server1", "regrade");
+        renamed.cluster.taint_key = "example.com/stepped-down".into();
+        let b = common::kube_cluster(&renamed).unwrap().boundary().await.unwrap();
+        println!("--- check-access, cluster.taint_key = \"example.com/stepped-down\" ---\n{b}");
+        assert!(!b.is_least_privilege() && b.own_marks_refused().is_some_and(|m| m.contains(POLICY_REFUSED)), "{b}");
         let b = cluster(&h, &h.admin_kubeconfig, "server1").boundary().await.unwrap();
         println!("--- check-access, the admin kubeconfig ---\n{b}");
         assert!(

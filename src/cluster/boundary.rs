@@ -129,6 +129,10 @@ pub struct Boundary {
     /// it to pods on this Node, so allowed and not needed is no excess.
     pub delete_pods: (bool, bool),
     pub probes: Vec<Probe>,
+    /// regrade's own marks on its Node, as a dry run: the policy must let them through
+    /// (a `cluster.taint_key`, `level_label` or `set_annotation` the policy does not
+    /// name would be refused at the first step). `None`: not asked.
+    pub own_marks: Option<Probe>,
 }
 
 impl Boundary {
@@ -146,6 +150,13 @@ impl Boundary {
         }
         v
     }
+    /// The policy refuses regrade's own marks.
+    pub fn own_marks_refused(&self) -> Option<&str> {
+        match &self.own_marks.as_ref()?.outcome {
+            Outcome::Allowed => None,
+            Outcome::RefusedByPolicy(m) | Outcome::Refused(m) => Some(m),
+        }
+    }
     pub fn excess(&self) -> Vec<&Request> {
         self.beyond.iter().filter(|(_, ok)| *ok).map(|(r, _)| r).collect()
     }
@@ -154,7 +165,11 @@ impl Boundary {
     }
     /// Everything regrade needs, nothing beyond, and the policy in force.
     pub fn is_least_privilege(&self) -> bool {
-        self.missing().is_empty() && self.excess().is_empty() && self.unbounded().is_empty() && !self.probes.is_empty()
+        self.missing().is_empty()
+            && self.excess().is_empty()
+            && self.unbounded().is_empty()
+            && !self.probes.is_empty()
+            && self.own_marks_refused().is_none()
     }
 }
 
@@ -162,12 +177,14 @@ static DELETE_PODS: Request =
     Request { verb: "delete", group: "", resource: "pods", subresource: "", namespace: None, name: None };
 
 /// Asks the API server through `eps` (regrade's own credential) what it may do as
-/// regrade of Node `node`. `delete_needed`: a level uses `on_drain_timeout = "delete"`.
+/// regrade of Node `node`. `delete_needed`: a level uses `on_drain_timeout = "delete"`;
+/// `own_marks`: the merge patch of regrade's marks below `full` on its Node now.
 pub async fn ask(
     eps: &Endpoints,
     node: &str,
     needed: Vec<Request>,
     delete_needed: bool,
+    own_marks: Option<serde_json::Value>,
 ) -> Result<Boundary, CallError> {
     let user = who_am_i(eps).await?;
     let mut checked = Vec::new();
@@ -182,10 +199,21 @@ pub async fn ask(
     let delete_pods = (delete_needed, checked[2][0].1);
     let beyond = checked.remove(1);
     let needed = checked.remove(0);
-    let mut b = Boundary { user, node: node.to_string(), needed, beyond, delete_pods, probes: Vec::new() };
+    let mut b =
+        Boundary { user, node: node.to_string(), needed, beyond, delete_pods, probes: Vec::new(), own_marks: None };
     // The policy matches regrade's ServiceAccounts only; anyone else it leaves alone.
     if b.username() == credential::user_name(node) {
         b.probes = probe(eps, node).await?;
+        if let Some(patch) = own_marks {
+            let dry = PatchParams { dry_run: true, ..Default::default() };
+            let (patch, dry) = (&patch, &dry);
+            let r = eps
+                .call(format!("patch nodes/{node} (dry run)"), |c| async move {
+                    Api::<Node>::all(c).patch(node, dry, &Patch::Merge(patch)).await.map(drop)
+                })
+                .await;
+            b.own_marks = Some(Probe { what: format!("regrade's own marks on Node {node}"), outcome: outcome(r) });
+        }
     }
     Ok(b)
 }
@@ -226,6 +254,17 @@ async fn allowed(eps: &Endpoints, r: &Request) -> Result<bool, CallError> {
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
+fn outcome(r: Result<(), CallError>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Allowed,
+        Err(CallError::Status { status, .. }) if status.message.contains("ValidatingAdmissionPolicy") => {
+            Outcome::RefusedByPolicy(status.message.clone())
+        }
+        Err(CallError::Status { status, .. }) => Outcome::Refused(format!("{} {}", status.code, status.message)),
+        Err(e) => Outcome::Refused(e.to_string()),
+    }
+}
+
 /// Dry-run requests that RBAC allows regrade and the policy must refuse.
 async fn probe(eps: &Endpoints, node: &str) -> Result<Vec<Probe>, CallError> {
     let dry = PatchParams { dry_run: true, ..Default::default() };
@@ -235,17 +274,7 @@ async fn probe(eps: &Endpoints, node: &str) -> Result<Vec<Probe>, CallError> {
     let own = nodes.items.iter().find(|n| n.metadata.name.as_deref() == Some(node));
     let other = nodes.items.iter().filter_map(|n| n.metadata.name.clone()).find(|n| n != node);
     let mut probes = Vec::new();
-    let mut run = |what: String, r: Result<(), CallError>| {
-        let outcome = match r {
-            Ok(()) => Outcome::Allowed,
-            Err(CallError::Status { status, .. }) if status.message.contains("ValidatingAdmissionPolicy") => {
-                Outcome::RefusedByPolicy(status.message.clone())
-            }
-            Err(CallError::Status { status, .. }) => Outcome::Refused(format!("{} {}", status.code, status.message)),
-            Err(e) => Outcome::Refused(e.to_string()),
-        };
-        probes.push(Probe { what, outcome });
-    };
+    let mut run = |what: String, r: Result<(), CallError>| probes.push(Probe { what, outcome: outcome(r) });
     let patch_node = |name: String, patch: serde_json::Value| {
         let dry = dry.clone();
         async move {
@@ -339,6 +368,13 @@ impl fmt::Display for Boundary {
                 self.username()
             )?;
         } else {
+            if let Some(p) = &self.own_marks {
+                let verdict = match &p.outcome {
+                    Outcome::Allowed => "allowed".to_string(),
+                    Outcome::RefusedByPolicy(m) | Outcome::Refused(m) => format!("REFUSED: {m}"),
+                };
+                writeln!(f, "what the admission policy must allow (a dry run): {}: {verdict}", p.what)?;
+            }
             writeln!(f, "what the admission policy must refuse (dry-run requests; nothing is changed):")?;
             for p in &self.probes {
                 match &p.outcome {
@@ -367,6 +403,13 @@ impl fmt::Display for Boundary {
         }
         if !missing.is_empty() {
             writeln!(f, "verdict: MISSING RIGHTS: regrade cannot {} (apply deploy/rbac.yaml)", list(&missing))?;
+        }
+        if self.own_marks_refused().is_some() {
+            writeln!(
+                f,
+                "verdict: MISSING RIGHTS: the admission policy refuses regrade's own marks: its names (regrade.dev/level, \
+                 regrade.dev/stepped-down, regrade.dev/set) must be cluster.level_label, taint_key and set_annotation"
+            )?;
         }
         if !unbounded.is_empty() || (self.probes.is_empty() && excess.is_empty()) {
             writeln!(

@@ -305,7 +305,13 @@ impl KubeCluster {
                 .and_then(|c| c.drain_settings())
                 .is_some_and(|d| d.on_timeout == drain::OnDrainTimeout::Delete)
         });
-        boundary::ask(&self.endpoints, &self.node_name, needs, deletes).await
+        // regrade's marks below full, from the Node as it is (none if it cannot be read,
+        // or already carries them).
+        let own_marks = match self.marks().get(&self.endpoints).await {
+            Ok(node) => self.marks().patch_for(&node, Level::ControlPlane, &self.levels),
+            Err(_) => None,
+        };
+        boundary::ask(&self.endpoints, &self.node_name, needs, deletes, own_marks).await
     }
 
     /// This server's clock against the API server's (its `Date` header on `/version`,
