@@ -60,11 +60,10 @@
     || flagGiven "--cluster-init"
     || flagGiven "--server";
 
-  # What deploy/rbac.yaml creates; the minted token is for this account.
-  rbacAccount = {
-    namespace = "kube-system";
-    name = "regrade";
-  };
+  # k3s's Kubernetes version (nixpkgs' k3s is e.g. "1.33.5+k3s1"; unknown: taken as current).
+  k3sVersion = k3s.package.version or "";
+  # ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
+  admissionPolicyServed = k3sVersion == "" || builtins.compareVersions k3sVersion "1.30" >= 0;
 
   # The ports k3s servers with embedded etcd and flannel's VXLAN need open between them.
   k3sPorts = {
@@ -94,7 +93,6 @@
 
   mintCredentials = cfg.kubeconfig == null;
   mintedKubeconfig = "/var/lib/regrade/kubeconfig";
-  tokenSecret = "${cfg.rbac.serviceAccount}-token";
 
   # Typed options default to null, meaning "regrade's built-in default"; TOML has no null.
   # The sections a regrade before `[etcd]`/`[metrics]` does not know are left out whole
@@ -126,56 +124,12 @@
     ${pkgs.coreutils}/bin/rm -f -- ${lib.escapeShellArg recordFile}
   '';
 
-  # Writes a kubeconfig carrying only the ServiceAccount's token (the RBAC of deploy/rbac.yaml).
-  # It asks the local API server, then the other servers', with k3s's admin credentials,
-  # which only this oneshot (root, at start) reads; the daemon never holds them.
-  mintScript = pkgs.writeShellScript "regrade-credentials" ''
-    set -euo pipefail
-    umask 077
-    kubectl() { ${k3s.package}/bin/k3s kubectl --kubeconfig /etc/rancher/k3s/k3s.yaml --request-timeout=10s "$@"; }
-    out=${mintedKubeconfig}
-    for server in https://127.0.0.1:6443 ${lib.escapeShellArgs cfg.apiServers}; do
-      token=$(kubectl --server "$server" -n ${cfg.rbac.namespace} get secret ${tokenSecret} \
-        -o 'jsonpath={.data.token}' 2>/dev/null) || continue
-      ca=$(kubectl --server "$server" -n ${cfg.rbac.namespace} get secret ${tokenSecret} \
-        -o 'jsonpath={.data.ca\.crt}' 2>/dev/null) || continue
-      if [ -z "$token" ] || [ -z "$ca" ]; then
-        echo "regrade-credentials: Secret ${cfg.rbac.namespace}/${tokenSecret} on $server has no token yet (is ServiceAccount ${cfg.rbac.namespace}/${cfg.rbac.serviceAccount} from deploy/rbac.yaml applied?)" >&2
-        continue
-      fi
-      token=$(printf '%s' "$token" | ${pkgs.coreutils}/bin/base64 -d)
-      cat >"$out.tmp" <<EOF
-    apiVersion: v1
-    kind: Config
-    clusters:
-      - name: k3s
-        cluster:
-          server: https://127.0.0.1:6443
-          certificate-authority-data: $ca
-    users:
-      - name: ${cfg.rbac.serviceAccount}
-        user:
-          token: $token
-    contexts:
-      - name: regrade
-        context:
-          cluster: k3s
-          user: ${cfg.rbac.serviceAccount}
-          namespace: ${cfg.rbac.namespace}
-    current-context: regrade
-    EOF
-      mv -f "$out.tmp" "$out"
-      echo "regrade-credentials: wrote $out from Secret ${cfg.rbac.namespace}/${tokenSecret} via $server"
-      exit 0
-    done
-    if [ -s "$out" ]; then
-      echo "regrade-credentials: no API server answered; keeping the existing $out" >&2
-      exit 0
-    fi
-    echo "regrade-credentials: could not read Secret ${cfg.rbac.namespace}/${tokenSecret} from https://127.0.0.1:6443 ${toString cfg.apiServers}; retrying" >&2
-    exit 1
-  '';
-
+  # This server's own credential (docs/behaviour.md, "Least privilege"): `regrade credential`
+  # asks the local API server, then the other servers', with k3s's admin credentials (which
+  # only this oneshot, root, reads; the daemon never holds them) for a token of the
+  # ServiceAccount regrade/<Node> bound to the Node, and writes it beside the kubeconfig
+  # naming it. It keeps a token until less than half of its lifetime is left.
+  mintCommand = "${cfg.package}/bin/regrade --config ${configPath} credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml --lifetime ${cfg.credential.lifetime}";
   nullOr = t: lib.types.nullOr t;
   flagValue = with lib.types; oneOf [bool int str (listOf str)];
   levelOptions = name: example: {
@@ -254,12 +208,29 @@ in {
       default = null;
       example = "/etc/rancher/k3s/k3s.yaml";
       description = ''
-        Credentials regrade uses for the Kubernetes API. `null` (the default): a kubeconfig
-        with only the rights of deploy/rbac.yaml, written to ${mintedKubeconfig} by
-        `regrade-credentials.service` from the token Secret of the ServiceAccount
-        `rbac.serviceAccount`. Give `/etc/rancher/k3s/k3s.yaml` to run with k3s's admin
-        credentials instead (more rights than regrade needs).
+        Credentials regrade uses for the Kubernetes API. `null` (the default): this
+        server's own credential, a token of the ServiceAccount regrade/<Node> bound to its
+        Node with only the rights of deploy/rbac.yaml and deploy/admission-policy.yaml,
+        written to ${mintedKubeconfig} (and `.token` beside it) by
+        `regrade-credentials.service` and renewed by its timer. Give
+        `/etc/rancher/k3s/k3s.yaml` to run with k3s's admin credentials instead (more rights
+        than regrade needs: `regrade check-access` names it over-privileged).
       '';
+    };
+
+    credential = {
+      lifetime = lib.mkOption {
+        type = lib.types.strMatching "[0-9]+(s|m|h|d)";
+        default = "24h";
+        example = "7d";
+        description = ''
+          How long each token of this server's credential is valid (at least 10m). The
+          timer asks every 15 minutes and a new token is minted once less than half of this
+          is left, so the API servers may be unreachable for half of it before regrade
+          loses its credential; a running `regrade watch` uses the new token at its next
+          request, with no restart.
+        '';
+      };
     };
 
     rbac = {
@@ -267,21 +238,14 @@ in {
         type = lib.types.bool;
         default = true;
         description = ''
-          Install regrade's RBAC (deploy/rbac.yaml: nodes, the Lease, node Leases, Events,
-          the drain's pods list and pods/eviction, pods delete for `on_drain_timeout = "delete"`)
-          and a token Secret for its ServiceAccount through `services.k3s.manifests`, so
-          the cluster applies them. Turn off to manage them yourself.
+          Install regrade's RBAC (deploy/rbac.yaml: the namespace `regrade` whose
+          ServiceAccounts, one per server, may read Nodes and patch them, the Lease, node
+          Leases, Events, the drain's pods list and pods/eviction, pods delete for
+          `on_drain_timeout = "delete"`) and, with k3s 1.30 or later, the admission policy
+          (deploy/admission-policy.yaml: each server's credential may change only its own
+          Node, and on it only regrade's marks) through `services.k3s.manifests`, so the
+          cluster applies them. Turn off to manage them yourself.
         '';
-      };
-      serviceAccount = lib.mkOption {
-        type = lib.types.str;
-        default = "regrade";
-        description = "The ServiceAccount deploy/rbac.yaml creates; its token Secret is `<name>-token`.";
-      };
-      namespace = lib.mkOption {
-        type = lib.types.str;
-        default = "kube-system";
-        description = "The namespace of that ServiceAccount (as in deploy/rbac.yaml).";
       };
     };
 
@@ -587,15 +551,13 @@ in {
           assertion = !k3s.disableAgent;
           message = "services.regrade: services.k3s.disableAgent = true runs this server without its kubelet, so it has no Node for regrade to cordon, taint and label. Keep the agent on the servers regrade runs on (or leave regrade off here).";
         }
-        {
-          assertion = !cfg.rbac.enable || (cfg.rbac.serviceAccount == rbacAccount.name && cfg.rbac.namespace == rbacAccount.namespace);
-          message = "services.regrade.rbac: ServiceAccount ${cfg.rbac.namespace}/${cfg.rbac.serviceAccount} is not the one deploy/rbac.yaml creates (${rbacAccount.namespace}/${rbacAccount.name}), so its token Secret would be deleted by the token controller and regrade-credentials would retry forever. Keep the defaults, or set rbac.enable = false and create that ServiceAccount and its RBAC yourself.";
-        }
       ];
 
       # firewall.nix trusts "lo" itself; another trusted interface is taken to be the cluster's.
       warnings =
-        lib.optional (fw.enable && lib.remove "lo" fw.trustedInterfaces == [] && closedPorts != []) ''
+        lib.optional (cfg.rbac.enable && !admissionPolicyServed) ''
+          services.regrade: k3s ${k3sVersion} (Kubernetes before 1.30) serves no ValidatingAdmissionPolicy, so deploy/admission-policy.yaml is not installed: regrade's credential is bounded by its RBAC alone and may patch any field of any Node. Upgrade k3s to 1.30 or later for the policy.''
+        ++ lib.optional (fw.enable && lib.remove "lo" fw.trustedInterfaces == [] && closedPorts != []) ''
           services.regrade: the NixOS firewall is on and does not open ${lib.concatStringsSep ", " closedPorts}, which k3s servers with embedded etcd need between them (API 6443/tcp, etcd 2379-2380/tcp, kubelet 10250/tcp, flannel VXLAN 8472/udp); the nixpkgs k3s module opens none. Without them the servers cannot form a cluster: open them (networking.firewall.allowedTCPPorts / allowedUDPPorts, or per interface).'';
 
       services.regrade.settings = {
@@ -630,35 +592,37 @@ in {
         ++ lib.optional (dirOf stateFile != dirOf recordFile) "d ${dirOf stateFile} 0755 root root -"
         ++ lib.optional levelRecordElsewhere "d ${dirOf levelRecordFile} 0755 root root -";
 
-      services.k3s.manifests = lib.mkIf cfg.rbac.enable {
-        regrade-rbac.source = ../deploy/rbac.yaml;
-        regrade-token.content = {
-          apiVersion = "v1";
-          kind = "Secret";
-          type = "kubernetes.io/service-account-token";
-          metadata = {
-            name = tokenSecret;
-            inherit (cfg.rbac) namespace;
-            annotations."kubernetes.io/service-account.name" = cfg.rbac.serviceAccount;
-          };
-        };
-      };
+      # Two files: on a cluster without ValidatingAdmissionPolicy the policy's would fail
+      # to apply, and the RBAC must not fail with it.
+      services.k3s.manifests = lib.mkIf cfg.rbac.enable (
+        {regrade-rbac.source = ../deploy/rbac.yaml;}
+        // lib.optionalAttrs admissionPolicyServed {regrade-admission-policy.source = ../deploy/admission-policy.yaml;}
+      );
 
       systemd.services.regrade-credentials = lib.mkIf mintCredentials {
-        description = "regrade: least-privilege kubeconfig from its ServiceAccount token";
+        description = "regrade: this server's own credential (a token bound to its Node), minted and renewed";
         after = ["k3s.service"];
         wants = ["k3s.service"];
         before = ["regrade.service"];
         startLimitIntervalSec = 0;
         serviceConfig = {
+          # Not RemainAfterExit: the timer starts it again to renew the token.
           Type = "oneshot";
-          RemainAfterExit = true;
-          ExecStart = mintScript;
-          # The Secret exists only once the cluster has applied the manifests.
+          ExecStart = mintCommand;
+          # Until k3s has registered the Node and applied deploy/rbac.yaml.
           Restart = "on-failure";
           RestartSec = "10s";
           StateDirectory = "regrade";
           StateDirectoryMode = "0700";
+        };
+      };
+
+      systemd.timers.regrade-credentials = lib.mkIf mintCredentials {
+        description = "regrade: renew this server's credential well before it expires";
+        wantedBy = ["timers.target"];
+        timerConfig = {
+          OnBootSec = "15min";
+          OnUnitActiveSec = "15min";
         };
       };
 

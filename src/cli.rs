@@ -80,6 +80,29 @@ pub enum Command {
     },
     /// Check the configuration file and print the settings in force.
     CheckConfig,
+    /// Say what regrade's credential (cluster.kubeconfig) may and may not do, as the API
+    /// server answers: who it is, each right regrade needs and rights it never needs
+    /// (SelfSubjectAccessReview), and, for this server's own credential, dry-run requests
+    /// the admission policy must refuse (another Node, another taint or label, another
+    /// Lease). Exits 1 unless the credential is least privilege; an admin kubeconfig is
+    /// named OVER-PRIVILEGED.
+    CheckAccess,
+    /// Mint or renew this server's own credential: a token of the ServiceAccount
+    /// regrade/<Node>, bound to the Node (Kubernetes >= 1.31; unbound before), written
+    /// beside cluster.kubeconfig as <kubeconfig>.token, and the kubeconfig naming it. A
+    /// token is kept until less than half of --lifetime is left; a running `watch` uses a
+    /// new one at its next request. Run it from a timer, as the NixOS module does.
+    Credential {
+        /// Credentials that may read Nodes and make ServiceAccounts and their tokens.
+        #[arg(long, value_name = "FILE", default_value = "/etc/rancher/k3s/k3s.yaml")]
+        admin_kubeconfig: PathBuf,
+        /// How long a new token is valid (at least 10m).
+        #[arg(long, default_value = "24h")]
+        lifetime: String,
+        /// Mint a new token even if the one at hand is not due.
+        #[arg(long)]
+        force: bool,
+    },
     /// The ExecStartPre hook of k3s.service: record the level k3s is being started at
     /// (read from regrade's k3s config drop-in) under /run. Never fails k3s's start.
     RecordStart,

@@ -30,6 +30,7 @@ pub mod psi_trigger;
 pub mod statefile;
 
 // Running steps, and the commands.
+pub mod access;
 pub mod hand;
 pub mod level_keeper;
 pub mod logging;

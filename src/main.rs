@@ -6,7 +6,7 @@ use clap::Parser;
 
 use regrade::cli::{Cli, Command};
 use regrade::config::{Config, IfMissing};
-use regrade::{hand, logging, simulate, status, watch};
+use regrade::{access, hand, logging, simulate, status, watch};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -40,6 +40,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", toml::to_string_pretty(&cfg)?);
             eprintln!("regrade: {} is valid", cli.config.display());
             Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckAccess => access::check(&cfg),
+        Command::Credential { admin_kubeconfig, lifetime, force } => {
+            access::mint(&cfg, admin_kubeconfig, &lifetime, force)
         }
         Command::Simulate { trace, level, plot } => simulate::run(&cfg, &trace, level, plot.as_deref()),
         Command::Record { count, interval } => simulate::record(&cfg, count, interval.as_deref()),

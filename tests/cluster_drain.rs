@@ -278,7 +278,7 @@ fn replicaset_pods_move_daemonset_and_mirror_pods_stay_a_budget_holds_until_dele
 #[test]
 fn the_shipped_rbac_drains_and_a_missing_right_is_named() {
     let Some(h) = common::start_with("the_shipped_rbac_drains_and_a_missing_right_is_named", RIG) else { return };
-    let sa = h.service_account_kubeconfig();
+    let sa = h.unbound_server_credential("rbac-1");
     block_on(async {
         let admin = h.admin().await;
         for n in ["rbac-1", "rbac-2"] {
@@ -398,7 +398,7 @@ fn an_eviction_answered_409_for_the_same_pod_is_retried_until_it_is_evicted() {
     let test = "an_eviction_answered_409_for_the_same_pod_is_retried_until_it_is_evicted";
     let Some(h) = common::start_with(test, RIG) else { return };
     // The proxy passes a token through, not a client certificate: the ServiceAccount.
-    let sa = h.service_account_kubeconfig();
+    let sa = h.unbound_server_credential("conflict-1");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let proxy = rt.block_on(common::lost_reply::start(&h.server, &h.dir.join("pki")));
     let via = h.dir.join("conflicting.kubeconfig");

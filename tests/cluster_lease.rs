@@ -163,7 +163,7 @@ fn a_slow_api_server_never_lets_another_server_take_the_lease_mid_step() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let proxy = rt.block_on(common::lost_reply::start(&h.server, &h.dir.join("pki")));
     // The proxy passes a token through, not a client certificate: the ServiceAccount.
-    let sa = h.service_account_kubeconfig();
+    let sa = h.unbound_server_credential("server-a");
     let slow = h.dir.join("slow-lease.kubeconfig");
     std::fs::write(&slow, std::fs::read_to_string(&sa).unwrap().replace(&h.server, &proxy.url)).unwrap();
     rt.block_on(async {

@@ -1,6 +1,8 @@
 //! A hand step `full → control-plane → full` end to end through the step runner, with
-//! every call regrade makes going through a ServiceAccount kubeconfig bound by the
-//! shipped deploy/rbac.yaml; and a call outside it failing with a named error.
+//! every call regrade makes going through this server's own credential as `regrade
+//! credential` mints it (a token of regrade/rbac-1 bound to its Node), under the shipped
+//! deploy/rbac.yaml and deploy/admission-policy.yaml; and a call outside them failing
+//! with a named error.
 //! Gated by REGRADE_TEST_KUBE=1.
 
 mod common;
@@ -27,12 +29,12 @@ use common::{block_on, Kubelet};
 #[test]
 fn every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips() {
     let Some(h) = common::start("every_call_works_with_the_shipped_rbac_and_a_hand_step_round_trips") else { return };
-    let sa = h.service_account_kubeconfig();
     block_on(async {
         let admin = h.admin().await;
         for n in ["rbac-1", "rbac-2", "rbac-3"] {
             common::create_server_node(&admin, &Kubelet::ready(n)).await;
         }
+        let sa = h.server_credential("rbac-1").await;
         let slice: EndpointSlice = serde_json::from_value(json!({
             "metadata": {"name": "kubernetes"},
             "addressType": "IPv4",

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::nspawn::Container;
 use common::three_servers::{
-    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, now, repo, run,
-    seed_k3s, Credentials, Network, RegradeKubeconfig,
+    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, mint_credential,
+    now, repo, run, seed_k3s, Credentials, Network,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
@@ -573,14 +573,28 @@ async fn scenario(api3: &Api3, servers: &[Server], bin: &Path, certs: &Path) {
         assert_eq!(s.systemctl(&["is-active", "regrade.service"]).trim(), "active");
         assert_eq!(s.level(), "full");
     }
-    // regrade runs with a ServiceAccount token bound by deploy/rbac.yaml, not as admin.
+    // Each regrade runs with its server's own credential (a token of regrade/server<n>
+    // bound to its Node, as the NixOS module mints it), not as admin, and the admission
+    // policy bounds it: check-access exits 0 only for least privilege (waited for: the
+    // policy is in force once the API servers have read it).
     let admin_kc = certs.join("admin.kubeconfig");
-    let sa = RegradeKubeconfig::mint(bin, certs);
-    assert!(sa.text.contains("token:") && !sa.text.contains("client-key"), "{}", sa.text);
     for s in servers {
-        std::fs::write(s.c.etc().join("regrade.kubeconfig"), sa.for_server(s.n)).unwrap();
+        let minted = mint_credential(bin, certs, &s.c);
+        println!("[{}] {}", s.name, minted.trim());
+        let kubeconfig = std::fs::read_to_string(s.c.etc().join("regrade.kubeconfig")).unwrap();
+        assert!(kubeconfig.contains("tokenFile") && !kubeconfig.contains("client-key"), "{kubeconfig}");
+        assert!(minted.contains(&format!("bound to Node {}", s.name)), "{minted}");
     }
-    phase("cluster up: 3 Nodes Ready, 3 etcd members, regrade.service active and at full on each");
+    let check =
+        wait_for("server1's credential least privilege (regrade check-access)", Duration::from_secs(60), || {
+            let out = Command::new("nsenter")
+                .args(["-t", s1.c.var("PID"), "-a", "regrade", "check-access"])
+                .output()
+                .unwrap();
+            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        });
+    println!("{}", check.trim_end());
+    phase("cluster up: 3 Nodes Ready, 3 etcd members, regrade.service active and at full on each, each with its own credential");
 
     // A workload Deployment, its two pods on server1 (the first Node by name).
     let workload = Workload::start(bin, &admin_kc, certs);

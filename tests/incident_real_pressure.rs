@@ -66,8 +66,8 @@ use std::time::{Duration, Instant};
 
 use common::nspawn::Container;
 use common::three_servers::{
-    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, now, repo, run,
-    seed_k3s, Credentials, Network, RegradeKubeconfig,
+    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, mint_credential,
+    now, repo, run, seed_k3s, Credentials, Network,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -775,8 +775,7 @@ async fn scenario(
     for s in servers {
         s.exec(&["systemctl", "stop", "regrade.service"]);
     }
-    let sa = RegradeKubeconfig::mint(bin, certs);
-    std::fs::write(s1.c.etc().join("regrade.kubeconfig"), sa.for_server(1)).unwrap();
+    mint_credential(bin, certs, &s1.c);
     Api::<ConfigMap>::namespaced(a2.clone(), "default")
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap())
         .await

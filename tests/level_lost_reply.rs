@@ -40,7 +40,7 @@ fn a_lost_reply_to_the_node_patch_converges() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let admin = rt.block_on(h.admin());
     rt.block_on(common::create_server_node(&admin, &common::Kubelet::ready(NODE)));
-    let sa = h.service_account_kubeconfig();
+    let sa = h.unbound_server_credential(NODE);
     let proxy = rt.block_on(common::lost_reply::start(&h.server, &h.dir.join("pki")));
 
     let dir = tempfile::tempdir().unwrap();

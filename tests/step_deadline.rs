@@ -37,7 +37,7 @@ fn a_step_wedged_mid_restart_ends_at_its_deadline_rolled_back() {
         return;
     }
     let Some(h) = common::start("a_step_wedged_mid_restart_ends_at_its_deadline_rolled_back") else { return };
-    let sa = h.service_account_kubeconfig();
+    let sa = h.unbound_server_credential(NODE);
     let dir = tempfile::tempdir().unwrap();
     let (_bus, address) = private_bus(dir.path());
     let restarts = stalling_systemd(&address);

@@ -149,11 +149,14 @@ in {
     for name in by_name:
         server1.wait_until_succeeds(f"k3s kubectl wait --for=condition=Ready node/{name} --timeout=10s", timeout=left(900))
     for m in servers:
-        m.wait_for_unit("regrade-credentials.service", timeout=left(600))
+        # A oneshot that its timer starts again: done once its token is written.
+        m.wait_until_succeeds("test -s /var/lib/regrade/kubeconfig.token", timeout=left(600))
         m.wait_for_unit("regrade.service", timeout=left(300))
         wait_level(m, "full")
-    # The daemon runs with the ServiceAccount token, not k3s's admin credentials.
-    server1.succeed("grep -q 'token:' /var/lib/regrade/kubeconfig && ! grep -q client-key-data /var/lib/regrade/kubeconfig")
+    # The daemon runs with this server's own token (bound to its Node), not k3s's admin
+    # credentials, and the admission policy bounds it: check-access exits 0 only then.
+    server1.succeed("grep -q tokenFile /var/lib/regrade/kubeconfig && ! grep -q client-key-data /var/lib/regrade/kubeconfig")
+    server1.wait_until_succeeds("regrade check-access", timeout=left(120))
 
     with subtest("1. a Lease held by someone else refuses a step; released, the step proceeds"):
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(int(server2.succeed("date +%s"))))

@@ -102,6 +102,27 @@ struct Loaded {
     /// The kubeconfig's own server's URL, as written there.
     local: String,
     endpoints: Vec<Endpoint>,
+    /// The kubeconfig's `tokenFile`, and the file the clients were built with.
+    token_file: Option<(PathBuf, Option<FileStamp>)>,
+}
+
+/// Which file a path names, and which version of it: a token replaced by a rename (or
+/// rewritten) has another one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        let mtime_ns = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+        Some(FileStamp { dev: m.dev(), ino: m.ino(), len: m.len(), mtime_ns })
+    }
 }
 
 /// The API endpoints, tried in turn, starting from the last one that answered.
@@ -134,6 +155,7 @@ impl Endpoints {
     {
         let what = what.into();
         self.load(&what).await?;
+        self.follow_the_token_file();
         let n = self.loaded.borrow().as_ref().map_or(0, |l| l.endpoints.len());
         let mut tried = Vec::new();
         for k in 0..n {
@@ -203,6 +225,24 @@ impl Endpoints {
         }
     }
 
+    /// A token file renewed since the clients were built (`regrade credential`) is used
+    /// from this call on: the clients, which each read it once when built (and kube's own
+    /// once a minute after), are built again. One `stat` per call.
+    fn follow_the_token_file(&self) {
+        let mut guard = self.loaded.borrow_mut();
+        let Some(loaded) = guard.as_mut() else { return };
+        let Some((path, seen)) = loaded.token_file.as_mut() else { return };
+        let now = FileStamp::of(path);
+        if now == *seen {
+            return;
+        }
+        tracing::debug!(token_file = %path.display(), "the token file changed; new clients read it");
+        *seen = now;
+        for ep in &mut loaded.endpoints {
+            ep.client = None;
+        }
+    }
+
     /// The client for endpoint `i`, built on first use.
     fn client(&self, i: usize) -> Result<(String, kube::Client), String> {
         let mut guard = self.loaded.borrow_mut();
@@ -243,6 +283,11 @@ impl Endpoints {
             .await
             .map_err(|e| other(format!("kubeconfig {}: {}", path.display(), error_chain(&e))))?;
         let local = base.cluster_url.to_string().trim_end_matches('/').to_string();
+        let token_file = base.auth_info.token_file.as_ref().map(|f| {
+            let f = PathBuf::from(f);
+            let stamp = FileStamp::of(&f);
+            (f, stamp)
+        });
         let mut urls = vec![local.clone()];
         let extra =
             if self.settings.api_servers.is_empty() { self.read_cache() } else { self.settings.api_servers.clone() };
@@ -253,7 +298,7 @@ impl Endpoints {
             }
         }
         let endpoints = urls.into_iter().map(|url| Endpoint { url, client: None }).collect();
-        *self.loaded.borrow_mut() = Some(Loaded { base, local, endpoints });
+        *self.loaded.borrow_mut() = Some(Loaded { base, local, endpoints, token_file });
         Ok(())
     }
 

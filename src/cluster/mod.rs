@@ -5,7 +5,9 @@
 //! [`KubeCluster`] is the real one. It is lazy: it reads the kubeconfig and talks to
 //! the API only when a step runs or `status` asks, so a calm `watch` makes no request.
 
+pub mod boundary;
 pub mod clock;
+pub mod credential;
 pub mod drain;
 pub mod endpoints;
 pub mod events;
@@ -289,6 +291,29 @@ impl KubeCluster {
 }
 
 impl KubeCluster {
+    /// What this credential may and may not do as regrade of this Node (`check-access`).
+    pub async fn boundary(&self) -> Result<boundary::Boundary, endpoints::CallError> {
+        let needs = boundary::needs(
+            &self.node_name,
+            &self.cfg.lease_namespace,
+            &self.cfg.lease_name,
+            self.cfg.api_servers.is_empty(),
+        );
+        let deletes = [Level::ControlPlane, Level::EtcdOnly].into_iter().any(|l| {
+            self.levels
+                .get(l)
+                .and_then(|c| c.drain_settings())
+                .is_some_and(|d| d.on_timeout == drain::OnDrainTimeout::Delete)
+        });
+        // regrade's marks below full, from the Node as it is (none if it cannot be read,
+        // or already carries them).
+        let own_marks = match self.marks().get(&self.endpoints).await {
+            Ok(node) => self.marks().patch_for(&node, Level::ControlPlane, &self.levels),
+            Err(_) => None,
+        };
+        boundary::ask(&self.endpoints, &self.node_name, needs, deletes, own_marks).await
+    }
+
     /// This server's clock against the API server's (its `Date` header on `/version`,
     /// which every authenticated client may read). Refuses when it is off by more
     /// than `cluster.max_clock_skew`.
@@ -327,6 +352,40 @@ impl KubeCluster {
 }
 
 pub const DEFAULT_KUBECONFIG: &str = "/etc/rancher/k3s/k3s.yaml";
+
+impl ClusterConfig {
+    /// What `regrade credential` mints for this server: its Node's token, beside the
+    /// configured `kubeconfig` (which must be set, and not the admin kubeconfig).
+    pub fn mint_settings(
+        &self,
+        admin_kubeconfig: PathBuf,
+        lifetime: Duration,
+        force: bool,
+    ) -> anyhow::Result<credential::MintSettings> {
+        let kubeconfig = self.kubeconfig.clone().ok_or_else(|| {
+            anyhow::anyhow!(
+                "cluster.kubeconfig is not set, so regrade would use the admin kubeconfig {DEFAULT_KUBECONFIG}: \
+                 set it to where regrade credential may write regrade's own (e.g. /var/lib/regrade/kubeconfig)"
+            )
+        })?;
+        if lifetime < Duration::from_secs(600) {
+            anyhow::bail!("--lifetime must be at least 10m (the shortest token the API server issues)");
+        }
+        Ok(credential::MintSettings {
+            admin_kubeconfig,
+            api_servers: self.api_servers.clone(),
+            tls_server_name: (!self.tls_server_name.is_empty()).then(|| self.tls_server_name.clone()),
+            request_timeout: self.request_timeout.0,
+            node: match &self.node_name {
+                Some(n) => n.clone(),
+                None => hostname()?,
+            },
+            kubeconfig,
+            lifetime,
+            force,
+        })
+    }
+}
 
 /// k3s names the Node after the host name, in lower case.
 fn hostname() -> anyhow::Result<String> {

@@ -96,7 +96,7 @@ impl LevelRig {
         }
         let h = super::start(test)?;
         let dir = tempfile::tempdir().unwrap();
-        let sa = h.service_account_kubeconfig();
+        let sa = h.unbound_server_credential(NODE);
         let etc = seed_etc(&h, dir.path());
         #[cfg(not(feature = "docker"))]
         let c = {
@@ -154,7 +154,7 @@ impl LevelRig {
     }
 
     pub fn sa_kubeconfig(&self) -> PathBuf {
-        self.h.dir.join("regrade-sa.kubeconfig")
+        self.h.dir.join(format!("regrade-{NODE}.kubeconfig"))
     }
 
     /// The level record: where the nspawn container sees it at

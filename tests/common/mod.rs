@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+use k8s_openapi::api::core::v1::{Event, Node, NodeCondition, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -171,16 +171,52 @@ impl Harness {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    /// Applies deploy/rbac.yaml and mints a kubeconfig for its ServiceAccount.
-    pub fn service_account_kubeconfig(&self) -> PathBuf {
-        let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml");
-        self.kubectl(&["apply", "-f", rbac.to_str().unwrap()]);
-        let out = self.dir.join("regrade-sa.kubeconfig");
+    /// Applies deploy/rbac.yaml and deploy/admission-policy.yaml, as the NixOS module has
+    /// k3s apply them.
+    pub fn apply_least_privilege(&self) {
+        for f in ["deploy/rbac.yaml", "deploy/admission-policy.yaml"] {
+            self.kubectl(&["apply", "-f", Path::new(env!("CARGO_MANIFEST_DIR")).join(f).to_str().unwrap()]);
+        }
+    }
+
+    /// Server `node`'s own credential as `regrade credential` mints it (the Node must
+    /// exist): deploy/rbac.yaml and the admission policy applied, a token of the
+    /// ServiceAccount regrade/<node> bound to the Node, in force once this returns.
+    pub async fn server_credential(&self, node: &str) -> PathBuf {
+        self.apply_least_privilege();
+        let s = self.mint_settings(node, Duration::from_secs(3600));
+        regrade::cluster::credential::ensure(&s, Timestamp::now().as_second()).await.unwrap();
+        wait_for_the_policy(&s.kubeconfig).await;
+        s.kubeconfig
+    }
+
+    /// What `regrade credential` is given for `node` on this API server: the admin
+    /// kubeconfig, and regrade's kubeconfig at `DIR/regrade-<node>.kubeconfig`.
+    pub fn mint_settings(&self, node: &str, lifetime: Duration) -> regrade::cluster::credential::MintSettings {
+        regrade::cluster::credential::MintSettings {
+            admin_kubeconfig: self.admin_kubeconfig.clone(),
+            api_servers: Vec::new(),
+            tls_server_name: None,
+            request_timeout: Duration::from_secs(10),
+            node: node.to_string(),
+            kubeconfig: self.dir.join(format!("regrade-{node}.kubeconfig")),
+            lifetime,
+            force: false,
+        }
+    }
+
+    /// Server `node`'s own credential as an API server older than 1.31 gives it: a token
+    /// of the ServiceAccount regrade/<node> bound to no Node (which need not exist yet),
+    /// with deploy/rbac.yaml and the admission policy applied and in force.
+    pub fn unbound_server_credential(&self, node: &str) -> PathBuf {
+        self.apply_least_privilege();
+        let out = self.dir.join(format!("regrade-{node}.kubeconfig"));
         let st = Command::new(rig("mint-sa-kubeconfig.sh"))
-            .args([self.admin_kubeconfig.to_str().unwrap(), "kube-system", "regrade", out.to_str().unwrap()])
+            .args([self.admin_kubeconfig.to_str().unwrap(), "regrade", node, out.to_str().unwrap()])
             .status()
             .unwrap();
         assert!(st.success(), "mint-sa-kubeconfig.sh failed");
+        block_on(wait_for_the_policy(&out));
         out
     }
 
@@ -193,6 +229,27 @@ impl Harness {
         c.cluster.endpoints_cache = self.dir.join(format!("endpoints-{node}"));
         c.cluster.request_timeout = regrade::units::HumanDuration(Duration::from_secs(5));
         c
+    }
+}
+
+/// Waits until the admission policy refuses `kubeconfig`'s credential an Event about
+/// another Node (a dry run): a policy just applied is in force once the API server has
+/// read it.
+pub async fn wait_for_the_policy(kubeconfig: &Path) {
+    let events: Api<Event> = Api::namespaced(client_for(kubeconfig).await, "default");
+    let probe: Event = serde_json::from_value(json!({
+        "metadata": {"name": "policy-probe"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": "policy-probe"},
+    }))
+    .unwrap();
+    let dry = PostParams { dry_run: true, ..Default::default() };
+    let t = Instant::now();
+    loop {
+        match events.create(&dry, &probe).await {
+            Err(kube::Error::Api(s)) if s.message.contains("ValidatingAdmissionPolicy") => return,
+            other => assert!(t.elapsed() < Duration::from_secs(30), "the admission policy is not in force: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

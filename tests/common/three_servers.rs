@@ -10,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
+use super::nspawn::Container;
+
 pub fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
 }
@@ -155,26 +157,17 @@ pub fn container_env(n: usize, etc: &Path, root: &Path, bin: &Path) -> Vec<(&'st
     ]
 }
 
-/// regrade's kubeconfig: deploy/rbac.yaml applied as the admin and a token minted for
-/// its ServiceAccount (`harness mint-sa`), so regrade runs with least privilege.
-pub struct RegradeKubeconfig {
-    /// As minted: the certificates under `certs`, server2's API.
-    pub text: String,
-    certs: PathBuf,
-}
-
-impl RegradeKubeconfig {
-    pub fn mint(bin: &Path, certs: &Path) -> RegradeKubeconfig {
-        let admin = certs.join("admin.kubeconfig");
-        let admin = admin.to_str().unwrap();
-        run(&bin.join("kubectl"), &["--kubeconfig", admin, "apply", "-f", repo("deploy/rbac.yaml").to_str().unwrap()]);
-        let sa = certs.join("regrade-sa.kubeconfig");
-        run(&bin.join("harness"), &["mint-sa", admin, "kube-system", "regrade", sa.to_str().unwrap()]);
-        RegradeKubeconfig { text: std::fs::read_to_string(&sa).unwrap(), certs: certs.to_path_buf() }
+/// A server's own credential, as the NixOS module has it made: deploy/rbac.yaml and
+/// deploy/admission-policy.yaml applied as the admin (what k3s does with the module's
+/// manifests; applying again changes nothing), then `regrade credential` run in the
+/// server's container, as regrade-credentials.service runs it, with the admin kubeconfig
+/// the k3s stand-in writes there (k3s's k3s.yaml): a token of regrade/server<n> bound to
+/// its Node, beside /etc/rancher/k3s/regrade.kubeconfig (its regrade.toml's kubeconfig).
+/// Returns what it printed.
+pub fn mint_credential(bin: &Path, certs: &Path, c: &Container) -> String {
+    let admin = certs.join("admin.kubeconfig");
+    for f in ["deploy/rbac.yaml", "deploy/admission-policy.yaml"] {
+        run(&bin.join("kubectl"), &["--kubeconfig", admin.to_str().unwrap(), "apply", "-f", repo(f).to_str().unwrap()]);
     }
-
-    /// As server `n` reads it: the certificates under /etc/rancher/k3s/tls, its own API.
-    pub fn for_server(&self, n: usize) -> String {
-        self.text.replace(&self.certs.display().to_string(), "/etc/rancher/k3s/tls").replace(&api_url(2), &api_url(n))
-    }
+    c.exec(&["regrade", "credential", "--admin-kubeconfig", "/etc/rancher/k3s/tls/admin.kubeconfig"])
 }

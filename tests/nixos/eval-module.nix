@@ -244,6 +244,23 @@
           };
         });
       };
+      # nixos/lib/systemd-unit-options.nix's timer options, as far as the module sets them.
+      systemd.timers = mkOption {
+        default = {};
+        type = types.attrsOf (types.submodule {
+          options = {
+            description = mkOption {
+              type = types.singleLineStr;
+              default = "";
+            };
+            wantedBy = unitNames;
+            timerConfig = mkOption {
+              type = types.attrsOf unitOption;
+              default = {};
+            };
+          };
+        });
+      };
       systemd.tmpfiles.rules = mkOption {
         type = types.listOf types.str;
         default = [];
@@ -387,7 +404,8 @@
     manifests = lib.mapAttrs (_: m: m.content or null) c.services.k3s.manifests;
     units = lib.mapAttrs (_: u: {inherit (u) after wants before serviceConfig;}) c.systemd.services;
     preSwitchChecks = c.system.preSwitchChecks;
-    credentialsScript = c.systemd.services.regrade-credentials.serviceConfig.ExecStart.text or null;
+    credentialsCommand = c.systemd.services.regrade-credentials.serviceConfig.ExecStart or null;
+    credentialsTimer = c.systemd.timers.regrade-credentials or null;
     firewall = {inherit (c.networking.firewall) enable allowedTCPPorts allowedUDPPorts;};
   };
 
@@ -451,6 +469,17 @@
   enabled = eval {};
   disabled = eval {services.regrade.enable = lib.mkForce false;};
   adminCreds = eval {services.regrade.kubeconfig = "/etc/rancher/k3s/k3s.yaml";};
+  # k3s before and after Kubernetes 1.30 (ValidatingAdmissionPolicy GA).
+  k3sAt = version: eval {services.k3s.package = lib.mkForce (pkgs.k3s // {inherit version;});};
+  admissionPolicy =
+    lib.mapAttrs (_: c: {
+      manifests = builtins.attrNames c.services.k3s.manifests;
+      inherit (c) warnings;
+    }) {
+      k3s129 = k3sAt "1.29.9+k3s1";
+      k3s130 = k3sAt "1.30.0+k3s1";
+      k3s133 = k3sAt "1.33.5+k3s1";
+    };
   # Every path key away from its default.
   pathsElsewhere = {
     level_record = "/srv/regrade/level.json";
@@ -532,8 +561,9 @@ in {
   };
   adminKubeconfig = {
     kubeconfig = adminCreds.services.regrade.settings.cluster.kubeconfig;
-    credentialsUnit = adminCreds.systemd.services ? regrade-credentials;
+    credentialsUnit = adminCreds.systemd.services ? regrade-credentials || adminCreds.systemd.timers ? regrade-credentials;
   };
+  inherit admissionPolicy;
   vm = {
     server1 = summary vmServer1;
     server2Settings = (summary (vmNode "server2" [])).settings;
@@ -632,9 +662,6 @@ in {
     dropinNotYaml.services.regrade.settings.systemd.dropin = lib.mkForce "${tmp}/config.yaml.d/50-regrade.conf";
     # 2. no clusterInit, no serverAddr, no configPath: k3s on SQLite.
     noEtcd.services.k3s.configPath = lib.mkForce null;
-    # 4. a renamed ServiceAccount deploy/rbac.yaml never creates.
-    renamedServiceAccount.services.regrade.rbac.serviceAccount = "regrade-prod";
-    renamedNamespace.services.regrade.rbac.namespace = "regrade";
     # 5. a server without its agent has no Node.
     disableAgent.services.k3s.disableAgent = true;
   };

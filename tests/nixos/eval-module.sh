@@ -8,7 +8,8 @@
 #     pre-switch check is exactly what tests/nixos/pre-switch-check-test.sh runs;
 #   - the README's example cluster (nixos/README-section.md) evaluates, with no warning;
 #   - issue 15's items: the flake's module imported twice, a server without etcd, k3s's
-#     nodeName, a renamed ServiceAccount, disableAgent, the firewall, a .yml drop-in;
+#     nodeName, disableAgent, the firewall, a .yml drop-in;
+#   - issue 42: the credential unit and its timer, the admission policy only with k3s >= 1.30;
 #     the typed etcd, drain and metrics options; level_record, state_file and
 #     systemd.record away from their defaults (sandbox, tmpfiles, switch-time check);
 #   - each misconfiguration fails exactly its assertion (messages printed);
@@ -92,9 +93,24 @@ check(svc.get("TimeoutStopSec") == "30min", "regrade.service: TimeoutStopSec=30m
 check(svc.get("IOSchedulingClass") == "realtime", "regrade.service: IOSchedulingClass=realtime, ahead of the workloads for the disk: %s" % svc.get("IOSchedulingClass"))
 check(svc.get("Nice") == -10, "regrade.service: Nice=-10, ahead of the workloads for a CPU: %s" % svc.get("Nice"))
 check("k3s.service" in en["units"]["regrade"]["after"] and "k3s.service" in en["units"]["regrade"]["wants"], "regrade.service is after and wants k3s.service")
-check(set(en["manifests"]) == {"regrade-rbac", "regrade-token"}, "manifests: deploy/rbac.yaml and the token Secret")
+check(set(en["manifests"]) == {"regrade-rbac", "regrade-admission-policy"}, "manifests: deploy/rbac.yaml and deploy/admission-policy.yaml")
 check(en["settings"]["cluster"]["kubeconfig"] == "/var/lib/regrade/kubeconfig", "daemon uses the minted least-privilege kubeconfig")
-check("regrade-credentials" in en["units"], "regrade-credentials.service mints it")
+cred = en["units"].get("regrade-credentials", {})
+check(cred.get("serviceConfig", {}).get("ExecStart", "").endswith(
+          "/bin/regrade --config /etc/regrade/regrade.toml credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml --lifetime 24h")
+      and "RemainAfterExit" not in cred.get("serviceConfig", {}) and "regrade.service" in cred.get("before", []),
+      "regrade-credentials.service mints this server's credential before regrade.service: %s" % cred.get("serviceConfig", {}).get("ExecStart"))
+timer = en["credentialsTimer"] or {}
+check(timer.get("timerConfig") == {"OnBootSec": "15min", "OnUnitActiveSec": "15min"} and timer.get("wantedBy") == ["timers.target"],
+      "regrade-credentials.timer asks every 15 minutes (renewed past half of the 24h lifetime): %s" % timer)
+ap = d["admissionPolicy"]
+check(ap["k3s129"]["manifests"] == ["regrade-rbac"] and len(ap["k3s129"]["warnings"]) == 1
+      and "serves no ValidatingAdmissionPolicy" in ap["k3s129"]["warnings"][0],
+      "k3s 1.29: the admission policy is not installed, and a warning says what that leaves")
+print("       warning: " + (ap["k3s129"]["warnings"] or [""])[0])
+for v in ["k3s130", "k3s133"]:
+    check(ap[v]["manifests"] == ["regrade-admission-policy", "regrade-rbac"] and ap[v]["warnings"] == [],
+          "%s: the admission policy is installed beside the RBAC, no warning: %s" % (v, ap[v]))
 pe = d["pathsElsewhere"]
 check(pe["readWritePaths"] == [tmp + "/k3s/config.yaml.d", "/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]
       and all("d %s 0755 root root -" % p in pe["tmpfiles"] for p in ["/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]),
@@ -160,8 +176,6 @@ want = {
     "dropinElsewhere": "is not in",
     "dropinNotYaml": "must end in .yaml or .yml",
     "noEtcd": "runs no etcd",
-    "renamedServiceAccount": "kube-system/regrade-prod is not the one deploy/rbac.yaml creates",
-    "renamedNamespace": "regrade/regrade is not the one deploy/rbac.yaml creates",
     "disableAgent": "disableAgent = true",
 }
 for case, needle in want.items():
@@ -176,7 +190,6 @@ check(vm["server1"]["settings"]["cluster"]["api_servers"] == ["https://192.168.1
 check(vm["server2K3s"] == {"clusterInit": False, "serverAddr": "https://192.168.1.1:6443"}, "VM test server2 joins server1")
 check(vm["specialisationOff"] == {"regradeUnit": False, "preSwitchCheck": True, "k3sUnchanged": True}, "VM test's no-regrade specialisation: no regrade.service, the check, k3s.service unchanged")
 
-open(tmp + "/credentials.sh", "w").write(en["credentialsScript"])
 
 def toml_value(v):
     if isinstance(v, bool):
@@ -208,9 +221,6 @@ if os.path.exists(tmp + "/minilib-result"):
 open(tmp + "/result", "w").write("fail" if fail else "ok")
 PY
 
-bash -n "$tmp/credentials.sh"
-grep -q '^apiVersion: v1$' "$tmp/credentials.sh" && grep -q '^EOF$' "$tmp/credentials.sh"
-echo "ok   regrade-credentials script: bash -n clean, kubeconfig heredoc unindented"
 
 # The pre-switch check itself runs in tests/nixos/pre-switch-check-test.sh (lint.sh runs
 # it, with or without a lib checkout); above, its text was shown to be the module's.

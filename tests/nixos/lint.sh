@@ -8,7 +8,8 @@
 #     builtins, mypy with a typed prelude (tests/nixos/lint-test-script.py);
 #   - the settings the VM test gives regrade (tests/nixos/vm-settings.toml) pass
 #     `regrade check-config` with the binary built from this tree;
-#   - deploy/rbac.yaml has the ServiceAccount the module mints a token for;
+#   - deploy/rbac.yaml binds the namespace whose ServiceAccounts `regrade credential` mints
+#     tokens for, and deploy/admission-policy.yaml matches them;
 #   - the switch-time check, run as NixOS runs it (tests/nixos/pre-switch-check-test.sh);
 #   - tests/nixos/eval-module.sh: the module evaluated with the module system, nixpkgs'
 #     lib with NIXPKGS_LIB=DIR (a nixpkgs lib checkout), else tests/nixos/minilib.nix.
@@ -77,23 +78,28 @@ fi
 "$regrade" --config tests/nixos/vm-settings.toml check-config >/dev/null
 echo "ok   regrade check-config tests/nixos/vm-settings.toml"
 
-# The module mints a token for ServiceAccount kube-system/regrade (its defaults); the
-# RBAC manifest must create exactly that account.
-if [ -f deploy/rbac.yaml ]; then
-  python3 - deploy/rbac.yaml <<'PY'
+# `regrade credential` (the module's regrade-credentials.service) mints each server's token
+# for a ServiceAccount of the namespace regrade (src/cluster/credential.rs): the RBAC must
+# make that namespace and bind its group, and the admission policy must match it.
+if [ -f deploy/rbac.yaml ] && [ -f deploy/admission-policy.yaml ]; then
+  python3 - deploy/rbac.yaml deploy/admission-policy.yaml <<'PY'
 import re, sys
 docs = re.split(r"(?m)^---\s*$", open(sys.argv[1]).read())
-def field(doc, key):
-    m = re.search(r"(?m)^\s+%s:\s*\"?([^\s\"]+)" % key, doc)
-    return m.group(1) if m else None
-sas = [(field(d, "namespace"), field(d, "name")) for d in docs if re.search(r"(?m)^kind:\s*ServiceAccount\s*$", d)]
-if ("kube-system", "regrade") not in sas:
-    sys.exit("deploy/rbac.yaml has no ServiceAccount kube-system/regrade (found %s), but services.regrade.rbac "
-             "defaults to it; change one to match the other" % sas)
+kinds = lambda k: [d for d in docs if re.search(r"(?m)^kind:\s*%s\s*$" % k, d)]
+if not any(re.search(r"(?m)^\s+name:\s*regrade\s*$", d) for d in kinds("Namespace")):
+    sys.exit("deploy/rbac.yaml makes no Namespace regrade, where regrade credential makes each server's ServiceAccount")
+bindings = kinds("RoleBinding") + kinds("ClusterRoleBinding")
+bad = [d for d in bindings if "name: system:serviceaccounts:regrade" not in d or "kind: ServiceAccount" in d]
+if not bindings or bad:
+    sys.exit("deploy/rbac.yaml: every binding must name the group system:serviceaccounts:regrade (and no one "
+             "ServiceAccount); these do not:\n" + "\n---".join(bad))
+policy = open(sys.argv[2]).read()
+if "startsWith('system:serviceaccount:regrade:')" not in policy:
+    sys.exit("deploy/admission-policy.yaml does not match the ServiceAccounts of the namespace regrade")
 PY
-  echo "ok   deploy/rbac.yaml has ServiceAccount kube-system/regrade"
+  echo "ok   deploy/rbac.yaml binds the namespace regrade's ServiceAccounts; deploy/admission-policy.yaml matches them"
 else
-  echo "lint: deploy/rbac.yaml is missing; nixos/module.nix installs it through services.k3s.manifests" >&2
+  echo "lint: deploy/rbac.yaml or deploy/admission-policy.yaml is missing; nixos/module.nix installs them through services.k3s.manifests" >&2
   exit 1
 fi
 

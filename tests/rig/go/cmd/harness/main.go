@@ -18,6 +18,8 @@
 //	    and --kubelet runs kubelet-standin (pods on any Node run and finish their
 //	    graceful deletions; unscheduled pods are bound to a fitting Node), both
 //	    with the admin kubeconfig, once /readyz answers; either dying stops all.
+//	    --apiserver-arg ARG (repeatable) adds ARG to kube-apiserver's command line, e.g.
+//	    --runtime-config=... to serve a cluster without ValidatingAdmissionPolicy.
 //	harness certs DIR [--host H]... [--server URL]
 //	    Creates what is missing of a cert dir (ca, apiserver serving cert for
 //	    127.0.0.1/localhost plus each --host, sa key pair, admin client cert) and,
@@ -114,6 +116,8 @@ func run(args []string) {
 	keep := fs.String("dir", "", "work dir to use and keep (default: a temp dir, removed at exit)")
 	withKCM := fs.Bool("controller-manager", false, "also run kube-controller-manager (disruption, replicaset)")
 	withKubelet := fs.Bool("kubelet", false, "also run kubelet-standin --schedule for every Node")
+	var apiArgs list
+	fs.Var(&apiArgs, "apiserver-arg", "extra kube-apiserver argument (repeatable)")
 	fs.Parse(args)
 	dir := *keep
 	if dir == "" {
@@ -203,7 +207,7 @@ func run(args []string) {
 			// do not wait for a disk that the suite's builds keep busy (a Lease renewal
 			// that took over 2 s stopped a step in a CI run).
 			"--unsafe-no-fsync")
-		api := start("kube-apiserver", kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1")...)
+		api := start("kube-apiserver", append(kube.APIServerArgs(certDir, etcdURL, "127.0.0.1", aport, "127.0.0.1"), apiArgs...)...)
 		procs = []*exec.Cmd{api, etcd}
 		died = make(chan string, 4)
 		go func() { etcd.Wait(); died <- "etcd" }()
