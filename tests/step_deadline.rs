@@ -53,9 +53,10 @@ fn a_step_wedged_mid_restart_ends_at_its_deadline_rolled_back() {
     cfg.systemd.etcd_health_url = "http://127.0.0.1:9/health".into();
     cfg.systemd.call_timeout = HumanDuration(Duration::from_secs(10));
     // The deadline must exceed the step's own waits at their bounds (check-config's
-    // rule); the wedge is in the D-Bus calls, which call_timeout bounds, not these.
+    // rule: a failed restart and its undoing, 3 s here); the wedge is in the D-Bus
+    // calls, which call_timeout bounds, not these.
     cfg.systemd.health_timeout = HumanDuration(Duration::from_secs(1));
-    cfg.systemd.ready_timeout = HumanDuration(Duration::from_secs(1));
+    cfg.systemd.ready_timeout = HumanDuration(Duration::from_millis(500));
     cfg.etcd.catch_up_timeout = HumanDuration(Duration::from_secs(1));
     cfg.validate().unwrap();
     std::fs::create_dir_all(cfg.systemd.dropin.parent().unwrap()).unwrap();
