@@ -54,8 +54,9 @@
 //!   REGRADE_TEST_INCIDENT=1 cargo test --test incident_real_pressure -- --nocapture
 
 mod common;
+#[path = "incident/shared.rs"]
+mod shared;
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -66,14 +67,17 @@ use std::time::{Duration, Instant};
 
 use common::nspawn::Container;
 use common::three_servers::{
-    addr, api_servers_toml, api_url, container_env, enter_netns, field, in_netns, make_credentials, now, repo, run,
-    seed_k3s, Credentials, Network, RegradeKubeconfig,
+    api_servers_toml, container_env, enter_netns, field, in_netns, make_credentials, now, repo, run, seed_k3s,
+    Credentials, Network, RegradeKubeconfig,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
 use kube::Api;
 use serde_json::{json, Value};
+use shared::{
+    api_write, client, dies_with_us, hog_pods, keys_set, node_state, scale_to_zero, spawn_logged, wait_until, Probe,
+    Procs,
+};
 
 const GATE: &str = "REGRADE_TEST_INCIDENT";
 const LIMIT_MIB: u64 = 1536;
@@ -237,31 +241,6 @@ impl Drop for DelayAccounting {
     }
 }
 
-/// Processes this test runs on the host (controllers, stand-in, earlyoom): killed when
-/// dropped.
-struct Procs(Vec<std::process::Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Children die with the test, even SIGKILLed (PR_SET_PDEATHSIG).
-fn dies_with_us(c: &mut Command) -> &mut Command {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl only, between fork and exec.
-    unsafe {
-        c.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        })
-    }
-}
-
 /// What a run that was killed (SIGKILL, CI's timeout) left behind: its memory cgroups
 /// and the processes in them, its containers, the network namespaces, its files.
 fn sweep_leftovers() {
@@ -280,16 +259,6 @@ fn sweep_leftovers() {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-}
-
-fn spawn_logged(bin: &Path, args: &[&str], log: &Path) -> std::process::Child {
-    let f = std::fs::File::create(log).unwrap();
-    dies_with_us(&mut Command::new(bin))
-        .args(args)
-        .stdout(f.try_clone().unwrap())
-        .stderr(f)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()))
 }
 
 /// Which server's etcd member leads (`etcd_server_is_leader`), or "?" when none says so.
@@ -321,23 +290,7 @@ impl Server {
     }
 
     fn member_ids(&self) -> Vec<(String, u64)> {
-        let tls = PathBuf::from(self.c.var("ROOT")).join("var/lib/rancher/k3s/server/tls/etcd");
-        let cfg = regrade::etcd::EtcdConfig {
-            ca_file: tls.join("server-ca.crt"),
-            cert_file: tls.join("client.crt"),
-            key_file: tls.join("client.key"),
-            ..Default::default()
-        };
-        let url = format!("https://{}:2379", addr(self.n));
-        std::thread::spawn(move || {
-            let client = regrade::etcd::client::EtcdClient::new(&cfg).unwrap();
-            let ep = regrade::etcd::client::Endpoint::parse(&url).unwrap();
-            common::block_on(client.member_list(&ep))
-                .map(|l| l.members.into_iter().map(|m| (m.name, m.id)).collect())
-                .unwrap_or_default()
-        })
-        .join()
-        .unwrap()
+        shared::member_ids(Path::new(self.c.var("ROOT")), self.n)
     }
 
     /// The host PID of a unit's main process, if it runs.
@@ -411,24 +364,9 @@ fn seed(tmp: &Path, certs: &Path, names: &[String], n: usize) -> (PathBuf, PathB
     (etc, root)
 }
 
-async fn client(kubeconfig: &Path, n: usize) -> kube::Client {
-    let kc = Kubeconfig::read_from(kubeconfig).unwrap();
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.unwrap();
-    cfg.cluster_url = api_url(n).parse().unwrap();
-    cfg.connect_timeout = Some(Duration::from_secs(3));
-    cfg.read_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(cfg).unwrap()
-}
-
 /// The Node is Ready and, with `schedulable`, not cordoned.
 async fn node_ready(c: &kube::Client, name: &str, schedulable: bool) -> bool {
-    let Ok(n) = Api::<Node>::all(c.clone()).get(name).await else { return false };
-    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-    let ready = n
-        .status
-        .and_then(|s| s.conditions)
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    ready && !(schedulable && cordoned)
+    node_state(c, name).await.is_some_and(|(ready, cordoned)| ready && !(schedulable && cordoned))
 }
 
 fn psi_some_avg10() -> f64 {
@@ -532,45 +470,6 @@ impl Sampler {
     }
 }
 
-/// Writes a ConfigMap through server2's API every 500 ms: (start, seconds, ok).
-struct Probe {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<(f64, f64, bool)>>>,
-}
-
-impl Probe {
-    fn start(kubeconfig: PathBuf) -> Probe {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            common::block_on(async move {
-                let c = client(&kubeconfig, 2).await;
-                let cms: Api<ConfigMap> = Api::namespaced(c, "default");
-                let mut out = Vec::new();
-                let mut i = 0u64;
-                while !s.load(Ordering::SeqCst) {
-                    let t0 = now();
-                    let patch = json!({"data": {"i": i.to_string()}});
-                    let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
-                    let w = cms.patch("probe", &pp, &merge);
-                    let ok = matches!(tokio::time::timeout(Duration::from_secs(5), w).await, Ok(Ok(_)));
-                    let took = now() - t0;
-                    out.push((t0, took, ok));
-                    i += 1;
-                    tokio::time::sleep(Duration::from_secs_f64((0.5 - took).max(0.0))).await;
-                }
-                out
-            })
-        });
-        Probe { stop, thread: Some(thread) }
-    }
-
-    fn finish(mut self) -> Vec<(f64, f64, bool)> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
 #[derive(Default)]
 struct Row {
     arm: String,
@@ -594,23 +493,6 @@ struct Row {
     regrade_round_trip: bool,
     /// regrade stepped into etcd-only.
     reached_etcd_only: bool,
-}
-
-/// The hog pods not being deleted: (node, restarts, last termination reason).
-async fn hog_pods(c: &kube::Client) -> Result<Vec<(String, i32, String)>, kube::Error> {
-    let pods = Api::<Pod>::namespaced(c.clone(), "default").list(&ListParams::default().labels("app=hog")).await?.items;
-    Ok(pods
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_else(|| "unbound".into());
-            let cs = p.status.as_ref().and_then(|s| s.container_statuses.as_ref()).and_then(|c| c.first().cloned());
-            let restarts = cs.as_ref().map_or(0, |c| c.restart_count);
-            let reason =
-                cs.and_then(|c| c.last_state).and_then(|s| s.terminated).and_then(|t| t.reason).unwrap_or_default();
-            (node, restarts, reason)
-        })
-        .collect())
 }
 
 /// The kernel's OOM kills since `since` (unix seconds): the killed processes' names.
@@ -639,20 +521,6 @@ fn chrono_like_parse(ts: &str) -> Result<f64, ()> {
     let ts = ts.replace(',', ".");
     let t: k8s_openapi::jiff::Timestamp = ts.parse().map_err(|_| ())?;
     Ok(t.as_millisecond() as f64 / 1e3)
-}
-
-/// Waits for `f`, polling every 250 ms; `None` after `within`.
-async fn wait_until<T>(within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if t0.elapsed() >= within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[test]
@@ -777,27 +645,13 @@ async fn scenario(
     }
     let sa = RegradeKubeconfig::mint(bin, certs);
     std::fs::write(s1.c.etc().join("regrade.kubeconfig"), sa.for_server(1)).unwrap();
-    Api::<ConfigMap>::namespaced(a2.clone(), "default")
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap())
-        .await
-        .unwrap();
+    shared::create_probe(&a2).await;
 
     // The controllers and the kubelet stand-in that runs server1's pods for real.
     let workload_cg = cg.0.join("workload");
     let kc = format!("--kubeconfig={}", admin_kc.display());
     let _controllers = Procs(vec![
-        spawn_logged(
-            &bin.join("kube-controller-manager"),
-            &[
-                &kc,
-                "--leader-elect=false",
-                "--controllers=deployment,replicaset,serviceaccount,disruption",
-                "--bind-address=127.0.0.1",
-                "--secure-port=0",
-                "-v=1",
-            ],
-            &work.join("kube-controller-manager.log"),
-        ),
+        shared::controller_manager(bin, &admin_kc, work),
         spawn_logged(
             &bin.join("kubelet-standin"),
             &[
@@ -907,16 +761,19 @@ async fn scenario(
         let probe = Probe::start(admin_kc.clone());
         let t0 = now();
         phase(&format!("arm {arm}: workload on (start {initial} MiB of {start_room} MiB free in the cgroup, then {GROW_MIB_PER_S} MiB/s up to {cap} MiB)"));
-        start_workload(&a2, &hog, data, initial, cap).await;
+        let sizes = [initial, GROW_MIB_PER_S, cap].map(|n| n.to_string());
+        let command: Vec<String> = ["python3".to_string(), hog.display().to_string(), data.display().to_string()]
+            .into_iter()
+            .chain(sizes)
+            .collect();
+        shared::start_workload(&a2, &command).await;
 
         // Until the bound, or 20 s after relief (PSI back under the threshold after onset).
         // Relief: PSI under the threshold (= regrade's default calm_threshold) after
         // the onset, and staying there 15 s.
         // The held arm instead runs until 20 s after its restart into etcd-only (or its
         // bound), and then the test resolves the incident as an operator would.
-        let mut onset: Option<f64> = None;
-        let mut below: Option<f64> = None;
-        let mut relief: Option<f64> = None;
+        let mut thrash = shared::Relief::default();
         let mut restarted_etcd_only: Option<f64> = None;
         let mut bound = if arm == HELD { HELD_BOUND } else { ARM_BOUND };
         let mut polls = 0u32;
@@ -938,18 +795,10 @@ async fn scenario(
                 break;
             }
             let Some(s) = sampler.last() else { continue };
-            if onset.is_none() && s.psi >= THRESHOLD {
-                onset = Some(s.t);
-            }
-            if onset.is_some() {
-                below = if s.psi < THRESHOLD { below.or(Some(s.t)) } else { None };
-            }
-            if relief.is_none() && below.is_some_and(|b| s.t - b >= 15.0) {
-                relief = below;
-            }
+            thrash.observe(s.t, s.psi, THRESHOLD);
             // Only regrade's arm ends at relief: without it, the bound shows whether
             // the thrash comes back.
-            if relief.is_some() && arm == "regrade" {
+            if thrash.relief.is_some() && arm == "regrade" {
                 break;
             }
         }
@@ -1000,24 +849,13 @@ async fn scenario(
             Some(id) => format!("NEW ID {id:x}"),
             None => "GONE from the member list".into(),
         };
-        let changes: Vec<String> = leaders_before
-            .iter()
-            .zip(&leaders_after)
-            .map(|(b, a)| match (b, a) {
-                (Some(b), Some(a)) => format!("{}", a - b),
-                _ => "?".into(),
-            })
-            .collect();
         // A leader restarted hands its leadership on (etcd's graceful stop), which
         // counts as a change: who led before and after says whether that was it.
         row.leader_changes = format!(
-            "{} (seen by server2, server3); leader before {leader_before}, after {leader_after}",
-            changes.join(", ")
+            "{}; leader before {leader_before}, after {leader_after}",
+            shared::leader_changes(&leaders_before, &leaders_after)
         );
-        let bad: BTreeSet<i64> =
-            probes.iter().filter(|(_, took, ok)| !ok || *took > 1.0).map(|(t, ..)| *t as i64).collect();
-        let failed = probes.iter().filter(|(_, _, ok)| !ok).count();
-        row.bad_write_seconds = format!("{} s ({} of {} writes failed)", bad.len(), failed, probes.len());
+        row.bad_write_seconds = shared::bad_write_seconds(&probes);
         let kills = oom_kills_since(t0);
         let hog_kills = kills.iter().filter(|k| k.starts_with("python")).count();
         let others: Vec<&String> = kills.iter().filter(|k| !k.starts_with("python")).collect();
@@ -1039,7 +877,7 @@ async fn scenario(
         // Each sample stands for the time until the next one.
         let over: f64 = samples.windows(2).filter(|w| w[0].psi >= THRESHOLD).map(|w| w[1].t - w[0].t).sum();
         row.psi_over = format!("{over:.1} s of {:.0} s", t_end - t0);
-        row.onset_to_relief = match (onset, relief) {
+        row.onset_to_relief = match (thrash.onset, thrash.relief) {
             (None, _) => format!("never reached {THRESHOLD} %"),
             (Some(o), Some(r)) => format!("{:.1} s (onset {:.1} s after start)", r - o, o - t0),
             (Some(o), None) => format!("no relief within {} s of start (onset {:.1} s)", bound.as_secs(), o - t0),
@@ -1159,27 +997,6 @@ async fn same_start(a2: &kube::Client, s1: &Server, s2: &Server, cg: &MemCg, mem
     notes
 }
 
-/// A write through the API (the probe's ConfigMap) answered.
-async fn api_write(c: &kube::Client) -> bool {
-    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
-    let patch = json!({"data": {"start": now().to_string()}});
-    cms.patch("probe", &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok()
-}
-
-/// Every key a TOML file sets, as `section.key = value`, on one line.
-fn keys_set(toml: &str) -> String {
-    let mut section = String::new();
-    let mut keys = Vec::new();
-    for l in toml.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        if let Some(name) = l.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = format!("{name}.");
-        } else {
-            keys.push(format!("{section}{l}"));
-        }
-    }
-    keys.join(", ")
-}
-
 /// The PodDisruptionBudget `hog` (minAvailable 1): made, or deleted.
 async fn pdb(c: &kube::Client, make: bool) {
     let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
@@ -1193,33 +1010,6 @@ async fn pdb(c: &kube::Client, make: bool) {
 
 fn earlyoom_path() -> &'static str {
     "/usr/bin/earlyoom"
-}
-
-/// The Deployment `hog` with one replica and the workload's sizes; created at the first
-/// call.
-async fn start_workload(c: &kube::Client, hog: &Path, data: &Path, initial: u64, cap: u64) {
-    let d: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), "default");
-    // The start size lives in the pod template: a new size is a new ReplicaSet.
-    let dep = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "hog", "namespace": "default"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "hog"}},
-                 "template": {"metadata": {"labels": {"app": "hog"}},
-                              "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
-                                       "containers": [{"name": "hog", "image": "registry.invalid/hog:1",
-                                                       "command": ["python3", hog.display().to_string(), data.display().to_string(),
-                                                                   initial.to_string(), GROW_MIB_PER_S.to_string(), cap.to_string()]}]}}}
-    });
-    d.patch("hog", &PatchParams::apply("incident").force(), &Patch::Apply(&dep)).await.unwrap();
-}
-
-/// The Deployment `hog` scaled to 0, if there is one.
-async fn scale_to_zero(c: &kube::Client) -> Result<(), kube::Error> {
-    let d: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), "default");
-    if d.get_opt("hog").await?.is_some() {
-        d.patch("hog", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"replicas": 0}}))).await?;
-    }
-    Ok(())
 }
 
 /// regrade's steps in its journal since `t0`: RSS of server1's processes at each

@@ -213,7 +213,7 @@ impl Guest {
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c").arg(sh).arg("qemu").args(&args);
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        super::common_dies_with_us(&mut cmd);
+        super::shared::dies_with_us(&mut cmd);
         let started = super::now();
         let mut child = cmd.spawn().expect("starting qemu-system-x86_64");
         std::fs::write(dir.join("qemu.pid"), child.id().to_string()).unwrap();
