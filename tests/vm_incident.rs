@@ -607,7 +607,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 None => "no OOM kill".into(),
             };
         }
-        row.v2_reading = v2_reading(g, work, arm);
+        row.v2_reading = v2_reading(g, work, arm, t0);
         let started = journal(g, "kubelet-standin.service", t0)
             .into_iter()
             .find(|(_, m, _)| m.contains("started process"))
@@ -638,14 +638,36 @@ fn tool_kills(g: &Guest, unit: &str, t0: f64, is_kill: impl Fn(&str) -> bool) ->
 
 /// regrade's two readings in the guest during the arm (`regrade record`, host-wide and
 /// on kubepods.slice's cgroup), each replayed through `regrade simulate` with the arm's
-/// pressure settings: peaks, and the steps the core would decide.
-fn v2_reading(g: &Guest, work: &Path, arm: &str) -> String {
-    let settings = work.join("simulate.toml");
-    std::fs::write(&settings, "[pressure]\nsustain = \"10s\"\ncooldown = \"20s\"\n").unwrap();
+/// pressure settings (sustain 10s, cooldown 20s) and with every setting as shipped
+/// (sustain 60s, cooldown 5m): peaks, and the steps the core would decide, in seconds
+/// from the workload's start.
+fn v2_reading(g: &Guest, work: &Path, arm: &str, t0: f64) -> String {
+    let arm_settings = work.join("simulate.toml");
+    std::fs::write(&arm_settings, "[pressure]\nsustain = \"10s\"\ncooldown = \"20s\"\n").unwrap();
+    let simulate = |settings: &Path, trace: &Path, shift: f64| {
+        let sim = Command::new(env!("CARGO_BIN_EXE_regrade"))
+            .args(["simulate", "--config", settings.to_str().unwrap(), trace.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let steps: Vec<String> = String::from_utf8_lossy(&sim.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .map(|v| {
+                let t = v["t"].as_f64().unwrap_or(f64::NAN) + shift;
+                format!("{}→{} at +{t:.0}s", v["from"].as_str().unwrap_or("?"), v["to"].as_str().unwrap_or("?"))
+            })
+            .collect();
+        if steps.is_empty() {
+            "no step".to_string()
+        } else {
+            steps.join(", ")
+        }
+    };
     let mut out = Vec::new();
     for which in ["host", "pods"] {
         let csv = g.sh(&format!("cat /var/lib/regrade-vm/record-{which}.csv 2>/dev/null || true"), LONG);
         let err = g.sh(&format!("cat /var/lib/regrade-vm/record-{which}.err 2>/dev/null || true"), LONG);
+        let start = g.sh(&format!("cat /var/lib/regrade-vm/record-{which}.start 2>/dev/null || true"), LONG);
         let rows: Vec<Vec<f64>> = csv
             .lines()
             .skip(1)
@@ -656,27 +678,20 @@ fn v2_reading(g: &Guest, work: &Path, arm: &str) -> String {
             out.push(format!("{which}: no rows ({})", err.trim()));
             continue;
         }
+        // The trace's t counts from the record's start (guest clock).
+        let shift = start.trim().parse::<f64>().map_or(0.0, |s| s - g.clock_offset() - t0);
         let file = work.join(format!("record-{arm}-{which}.csv"));
         std::fs::write(&file, &csv).unwrap();
-        let sim = Command::new(env!("CARGO_BIN_EXE_regrade"))
-            .args(["simulate", "--config", settings.to_str().unwrap(), file.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let steps: Vec<String> = String::from_utf8_lossy(&sim.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .map(|v| {
-                format!("{}→{} at {}s", v["from"].as_str().unwrap_or("?"), v["to"].as_str().unwrap_or("?"), v["t"])
-            })
-            .collect();
         let peak_some = rows.iter().map(|r| r[1]).fold(0.0, f64::max);
         let peak_full = rows.iter().map(|r| r[4]).fold(0.0, f64::max);
         let min_avail = rows.iter().map(|r| r[7] as u64).min().unwrap_or(0) >> 10;
         let name = if which == "host" { "host-wide (default)" } else { "memory_cgroup kubepods.slice" };
         out.push(format!(
-            "{name}: {} rows, peak some {peak_some:.1} %, full {peak_full:.1} %, available min {min_avail} MiB; simulate: {}",
+            "{name}: {} rows, peak some {peak_some:.1} %, full {peak_full:.1} %, available min {min_avail} MiB; \
+             simulate at the arm's timings: {}; at shipped timings: {}",
             rows.len(),
-            if steps.is_empty() { "no step".to_string() } else { steps.join(", ") }
+            simulate(&arm_settings, &file, shift),
+            simulate(Path::new("/dev/null"), &file, shift)
         ));
     }
     out.join(" | ")
