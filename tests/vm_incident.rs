@@ -215,9 +215,15 @@ fn vm_incident() {
         std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/tmp/regrade-vm.lock").unwrap();
     // SAFETY: flock on a file this test opened.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    // What a killed run left (the lock is ours: no other run is under way).
     guest::sweep();
     for n in [2, 3] {
         let _ = Command::new(repo("tests/nspawn/container.sh")).args(["down", &format!("vm-server{n}")]).output();
+    }
+    for e in std::fs::read_dir("/var/tmp").unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("regrade-vm.") {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
     let bin = build("tests/rig/build.sh");
     let image = build("tests/vm/image.sh");
