@@ -165,9 +165,15 @@ pub fn container_env(n: usize, etc: &Path, root: &Path, bin: &Path) -> Vec<(&'st
 /// its Node, beside /etc/rancher/k3s/regrade.kubeconfig (its regrade.toml's kubeconfig).
 /// Returns what it printed.
 pub fn mint_credential(bin: &Path, certs: &Path, c: &Container) -> String {
+    apply_access(bin, certs);
+    c.exec(&["regrade", "credential", "--admin-kubeconfig", "/etc/rancher/k3s/tls/admin.kubeconfig"])
+}
+
+/// deploy/rbac.yaml and deploy/admission-policy.yaml applied as the admin (what k3s
+/// does with the NixOS module's manifests); applying again changes nothing.
+pub fn apply_access(bin: &Path, certs: &Path) {
     let admin = certs.join("admin.kubeconfig");
     for f in ["deploy/rbac.yaml", "deploy/admission-policy.yaml"] {
         run(&bin.join("kubectl"), &["--kubeconfig", admin.to_str().unwrap(), "apply", "-f", repo(f).to_str().unwrap()]);
     }
-    c.exec(&["regrade", "credential", "--admin-kubeconfig", "/etc/rancher/k3s/tls/admin.kubeconfig"])
 }

@@ -51,6 +51,10 @@
 //     client-side load balancer; at etcd-only, another server's): typically 10-30 s
 //     on a small host, longer under memory pressure. The delay here is fixed and
 //     short; the not-ready knob below holds it for as long as a test needs.
+//   - OOM score (kubelet-oom-score-adj, off unless set; the VM lane sets -999): k3s's
+//     embedded kubelet sets oom_score_adj -999 on the k3s process once it runs, which
+//     needs an API server; here once the agent has registered its Node, on the
+//     stand-in and its kube-apiserver.
 //   - EtcdIsVoter: the etcd leader writes it on every etcd Node every 15 s when it
 //     changes (or is 5 min old): True MemberNotLearner, False MemberIsLearner or
 //     NotAMember, as k3s's member controller does.
@@ -186,6 +190,7 @@ var (
 	readyDelay    = fs.Duration("kubelet-ready-delay", 5*time.Second, "after a start, the Node is Ready=False this long (a kubelet's runtime check)")
 	apiWait       = fs.Duration("apiserver-wait-timeout", 15*time.Minute, "without its own API server, exit 1 when no API server answered for this long")
 	statusEvery   = fs.Duration("node-status-interval", time.Minute, "Node Ready heartbeat interval")
+	kubeletOOMAdj = fs.Int("kubelet-oom-score-adj", 0, "once the agent has registered its Node, set this oom_score_adj on this process and its kube-apiserver (real k3s: -999, which its embedded kubelet sets on the k3s process; 0: leave it)")
 	servers       = &listFlag{}
 	_             = fs.String("write-kubeconfig-mode", "", "recorded only")
 )
@@ -528,6 +533,7 @@ func superviseAPIServer(ctx context.Context, args []string) {
 		if err := c.Start(); err != nil {
 			log.Printf("k3s-standin: kube-apiserver: %v", err)
 		} else {
+			apiserverPID.Store(int32(c.Process.Pid))
 			done := make(chan error, 1)
 			go func() { done <- c.Wait() }()
 			select {
@@ -676,6 +682,26 @@ func (a *agent) do(f func(cs *kubernetes.Clientset) error) error {
 	return err
 }
 
+// apiserverPID is the running kube-apiserver's PID (0: none), for setOOMScoreAdj.
+var apiserverPID atomic.Int32
+
+// setOOMScoreAdj imitates what k3s's embedded kubelet does once it runs (which needs
+// an API server): it sets oom_score_adj -999 on its own process, and so on everything
+// in it (k3s runs etcd and the API server in one process; the stand-in runs the API
+// server as a child, which gets the same value). Until then k3s runs at its unit's.
+func setOOMScoreAdj(v int) {
+	for _, pid := range []int{os.Getpid(), int(apiserverPID.Load())} {
+		if pid == 0 {
+			continue
+		}
+		f := fmt.Sprintf("/proc/%d/oom_score_adj", pid)
+		if err := os.WriteFile(f, []byte(strconv.Itoa(v)), 0o644); err != nil {
+			log.Printf("k3s-standin: agent: %s: %v", f, err)
+		}
+	}
+	log.Printf("k3s-standin: agent: oom_score_adj %d set, as k3s's kubelet does", v)
+}
+
 func runAgent(ctx context.Context, controlPlane bool, e *embed.Etcd, member string) {
 	base, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	must(err, "kubeconfig")
@@ -695,6 +721,9 @@ func runAgent(ctx context.Context, controlPlane bool, e *embed.Etcd, member stri
 	for {
 		if !registered {
 			registered = a.do(a.register) == nil
+			if registered && *kubeletOOMAdj != 0 {
+				setOOMScoreAdj(*kubeletOOMAdj)
+			}
 		}
 		if registered {
 			if time.Since(lastLease) >= *leaseEvery {

@@ -50,13 +50,32 @@
 //
 // Pods on other Nodes get no process: they are only reported Running.
 //
-// Usage: kubelet-standin --kubeconfig FILE [--nodes a,b] [--schedule]
+// Pods placed as a kubelet with the systemd cgroup driver places them
+// (--exec-kubepods instead of --exec-cgroup; the VM lane, where the stand-in runs
+// inside server1's guest with systemd as PID 1 and cgroup v2): each run of the
+// command is a transient scope cri-containerd-<64 hex>.scope (as containerd's runc
+// names a container's scope) in the pod's slice
+// kubepods-besteffort-pod<UID with _ for ->.slice, so under kubepods.slice and
+// kubepods-besteffort.slice (systemd-run --scope --slice; systemd makes the parent
+// slices, as the kubelet's cgroup manager does over D-Bus), with oom_score_adj 1000,
+// what the kubelet gives a BestEffort pod's containers. Only BestEffort is imitated
+// (no requests or limits: no memory.max on the pod's slice, no other QoS class), no
+// pause container, no kubepods.slice allocatable limit, no eviction manager.
 //
-//	[--exec-node NODE --exec-cgroup DIR]
+// Scheduling onto Nodes served by another stand-in (--bind-nodes a,b,c: the Nodes
+// the scheduler may bind to; default the served ones): the VM lane's stand-in on the
+// host schedules for all three Nodes while the one in server1's guest runs server1's
+// pods.
+//
+// Usage: kubelet-standin --kubeconfig FILE [--nodes a,b] [--schedule] [--bind-nodes a,b,c]
+//
+//	[--exec-node NODE (--exec-cgroup DIR | --exec-kubepods)]
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"log"
@@ -93,9 +112,11 @@ type standin struct {
 	inFlight map[types.UID]string // what is being done to a pod, so it is done once
 	kick     chan struct{}
 
-	execNode   string
-	execCgroup string
-	procs      map[types.UID]*podProc // real processes of pods on execNode
+	execNode     string
+	execCgroup   string
+	execKubepods bool
+	bindTo       map[string]bool        // empty: the served Nodes
+	procs        map[types.UID]*podProc // real processes of pods on execNode
 }
 
 // podProc is the real process of one pod's first container.
@@ -111,6 +132,8 @@ func main() {
 	schedule := flag.Bool("schedule", false, "also bind unscheduled pods to a served Node")
 	execNode := flag.String("exec-node", "", "run the first container's command of pods on this Node as real processes")
 	execCgroup := flag.String("exec-cgroup", "", "the memory cgroup directory those processes are placed in")
+	execKubepods := flag.Bool("exec-kubepods", false, "place those processes as the kubelet's systemd cgroup driver does (a scope in kubepods-besteffort-pod<uid>.slice)")
+	bindNodes := flag.String("bind-nodes", "", "comma-separated Node names the scheduler may bind to (empty: the served ones)")
 	flag.Parse()
 	log.SetPrefix("kubelet-standin: ")
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
@@ -130,13 +153,20 @@ func main() {
 		inFlight: map[types.UID]string{},
 		kick:     make(chan struct{}, 1),
 
-		execNode:   *execNode,
-		execCgroup: *execCgroup,
-		procs:      map[types.UID]*podProc{},
+		execNode:     *execNode,
+		execCgroup:   *execCgroup,
+		execKubepods: *execKubepods,
+		bindTo:       map[string]bool{},
+		procs:        map[types.UID]*podProc{},
 	}
 	for _, n := range strings.Split(*nodes, ",") {
 		if n = strings.TrimSpace(n); n != "" {
 			s.serve[n] = true
+		}
+	}
+	for _, n := range strings.Split(*bindNodes, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			s.bindTo[n] = true
 		}
 	}
 	h := cache.ResourceEventHandlerFuncs{
@@ -179,6 +209,14 @@ func (s *standin) poke() {
 	case s.kick <- struct{}{}:
 	default:
 	}
+}
+
+// bindable: the scheduler may bind a pod to node.
+func (s *standin) bindable(node string) bool {
+	if len(s.bindTo) > 0 {
+		return s.bindTo[node]
+	}
+	return s.serves(node)
 }
 
 func (s *standin) serves(node string) bool {
@@ -297,6 +335,16 @@ func (s *standin) spawn(ctx context.Context, p *corev1.Pod) {
 		return // running, or the pod is going
 	}
 	sh := append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, s.execCgroup}, argv...)
+	if s.execKubepods {
+		slice := "kubepods-besteffort-pod" + strings.ReplaceAll(string(p.UID), "-", "_") + ".slice"
+		id := make([]byte, 32)
+		_, _ = rand.Read(id)
+		scope := "cri-containerd-" + hex.EncodeToString(id) + ".scope"
+		// systemd-run --scope registers this very process as the scope and execs the
+		// command: the PID (and process group) stay the stand-in's child.
+		run := `echo 1000 > /proc/self/oom_score_adj && s=$0 u=$1 && shift && exec systemd-run --quiet --scope --collect --slice="$s" --unit="$u" -- "$@"`
+		sh = append([]string{"-c", run, slice, scope}, argv...)
+	}
 	cmd := exec.Command("/bin/sh", sh...)
 	// Its own process group (killed whole); killed too if the stand-in dies.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -309,7 +357,11 @@ func (s *standin) spawn(ctx context.Context, p *corev1.Pod) {
 	pp := &podProc{cmd: cmd}
 	s.procs[p.UID] = pp
 	s.mu.Unlock()
-	log.Printf("started process %d for %s/%s on %s in %s: %v", cmd.Process.Pid, p.Namespace, p.Name, p.Spec.NodeName, s.execCgroup, argv)
+	where := s.execCgroup
+	if s.execKubepods {
+		where = sh[2] + "/" + sh[3]
+	}
+	log.Printf("started process %d for %s/%s on %s in %s: %v", cmd.Process.Pid, p.Namespace, p.Name, p.Spec.NodeName, where, argv)
 	go func() {
 		werr := cmd.Wait()
 		s.mu.Lock()
@@ -398,7 +450,7 @@ func (s *standin) bind(ctx context.Context, p *corev1.Pod) {
 	}
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 	for _, n := range nodes {
-		if !s.serves(n.Name) || !fits(p, n) {
+		if !s.bindable(n.Name) || !fits(p, n) {
 			continue
 		}
 		err := s.cs.CoreV1().Pods(p.Namespace).Bind(ctx, &corev1.Binding{
