@@ -24,6 +24,11 @@
     then "/etc/rancher/k3s/config.yaml"
     else toString k3s.configPath;
   defaultDropin = "${k3sConfigFile}.d/50-regrade.yaml";
+  # services.regrade.protect.systemReservedMemory, as k3s reads it from its config drop-ins.
+  reservedFile = pkgs.writeText "40-regrade-reserved.yaml" ''
+    kubelet-arg+:
+      - "system-reserved=memory=${toString cfg.protect.systemReservedMemory}"
+  '';
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
@@ -269,6 +274,49 @@ in {
       '';
     };
 
+    protect = {
+      memoryLow = lib.mkOption {
+        type = lib.types.nullOr lib.types.str;
+        default = "512M";
+        example = "1G";
+        description = ''
+          `MemoryLow=` on k3s.service and on system.slice (cgroup v2 only; ignored on v1):
+          under memory pressure the kernel reclaims from unprotected cgroups (the pods,
+          under /kubepods) before it takes k3s's and its etcd member's pages below this.
+          In place before any thrash, whether regrade is on or off. Sized from the
+          measured footprint (docs/incident.md: a k3s server at control-plane 321 MiB PSS
+          with the workload drained, 98 MiB at etcd-only; Talos gives etcd 256 MiB). Cost:
+          the pods lose up to this much sooner under pressure. A change applies at the
+          switch, and (NixOS restarts a unit whose settings change) restarts k3s once.
+          `null`: not set. `regrade status` says whether it is in force.
+        '';
+      };
+      oomScoreAdjust = lib.mkOption {
+        type = lib.types.nullOr (lib.types.ints.between (-1000) 1000);
+        default = -999;
+        description = ''
+          `OOMScoreAdjust=` of k3s.service. k3s runs at 0 until its embedded kubelet sets
+          -999 on its own process, and the kubelet starts only once an API server
+          answers: during every restart of k3s (a step into etcd-only included) the
+          largest process on the host would be the OOM killer's first pick. -999 is the
+          kubelet's own value, from the start. Cost: the OOM killer picks other processes
+          (the pods first) instead. A change restarts k3s once at the switch. `null`: not set.
+        '';
+      };
+      systemReservedMemory = lib.mkOption {
+        type = lib.types.nullOr lib.types.str;
+        default = "512Mi";
+        description = ''
+          The kubelet's `system-reserved` memory, through a k3s config drop-in
+          (`<config>.d/40-regrade-reserved.yaml`, `kubelet-arg+`). k3s reserves nothing,
+          so /kubepods may take all of RAM; with this the kubelet caps it at RAM less this
+          (enforce-node-allocatable=pods, the default) and schedules against that. Sized
+          as `memoryLow`. Cost: this much less allocatable memory for pods on the server.
+          k3s reads it at its next start (no restart at the switch). `null`: not set.
+        '';
+      };
+    };
+
     metrics = {
       enable = lib.mkEnableOption "regrade's Prometheus metrics endpoint (`[metrics] listen`)";
       listenAddress = lib.mkOption {
@@ -492,7 +540,18 @@ in {
     # Whenever k3s runs, whether regrade is on or off: the same ExecStartPre line, so
     # turning regrade on or off, or upgrading it, never changes (and restarts) k3s.service.
     (lib.mkIf k3s.enable {
-      systemd.services.k3s.serviceConfig.ExecStartPre = ["-${k3sStartHook}"];
+      systemd.services.k3s.serviceConfig = {
+        ExecStartPre = ["-${k3sStartHook}"];
+        # The static protections (services.regrade.protect), also whenever k3s runs,
+        # so turning regrade on or off does not change them either.
+        MemoryLow = lib.mkIf (cfg.protect.memoryLow != null) cfg.protect.memoryLow;
+        OOMScoreAdjust = lib.mkIf (cfg.protect.oomScoreAdjust != null) cfg.protect.oomScoreAdjust;
+      };
+      # cgroup v2 protects k3s.service only within its slice's own protection.
+      systemd.slices.system.sliceConfig.MemoryLow = lib.mkIf (cfg.protect.memoryLow != null) cfg.protect.memoryLow;
+      systemd.tmpfiles.rules = lib.mkIf (cfg.protect.systemReservedMemory != null && !configPathInStore) [
+        "L+ ${k3sConfigFile}.d/40-regrade-reserved.yaml - - - - ${reservedFile}"
+      ];
     })
 
     # Turning regrade off while the server is below full would leave it there: nothing

@@ -54,3 +54,15 @@ pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
 pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
     Ok(Box::new(crate::actuator::docker::DockerActuator::new(&cfg.docker, &cfg.levels)?))
 }
+
+/// Which static protections of k3s are in place (`regrade status`): k3s.service's
+/// under systemd; none to judge for a k3s container.
+#[cfg(not(feature = "docker"))]
+pub async fn protections(cfg: &Config) -> Vec<crate::actuator::systemd::protections::Finding> {
+    crate::actuator::systemd::protections::survey(&cfg.systemd).await
+}
+
+#[cfg(feature = "docker")]
+pub async fn protections(_cfg: &Config) -> Vec<crate::actuator::systemd::protections::Finding> {
+    Vec::new()
+}

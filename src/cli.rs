@@ -55,7 +55,9 @@ pub enum Command {
     /// thresholds and the steps as one self-contained SVG.
     Simulate {
         /// The CSV trace: header row with t,some_avg10,some_avg60,some_avg300,full_avg10,
-        /// full_avg60,full_avg300,mem_available_kb (any order); t in seconds.
+        /// full_avg60,full_avg300,mem_available_kb (any order); t in seconds. The etcd
+        /// member's columns `record --etcd-member` writes may follow; only --plot uses
+        /// them.
         trace: PathBuf,
         /// The level the simulated server starts at.
         #[arg(long, default_value = "full")]
@@ -63,8 +65,12 @@ pub enum Command {
         /// Also write an SVG (1200x800, no scripts, fonts or links) of the trace: the
         /// metric with threshold and calm_threshold, MemAvailable with its floor, each
         /// sample's reading, the streaks, sustain and cooldown, and the level with each
-        /// step (the steps printed). Needs two rows or more and a mem_available_kb
-        /// column; a trace of more than 4000 rows is downsampled for drawing only.
+        /// step (the steps printed). With the etcd member's columns, also (1200x1000) a
+        /// panel of the member: when it was unhealthy or did not answer, its p99 WAL
+        /// fsync and backend commit against etcd.wal_fsync_p99_limit and
+        /// etcd.backend_commit_p99_limit, and its heartbeat send failures, slow applies
+        /// and leader changes. Needs two rows or more and a mem_available_kb column; a
+        /// trace of more than 4000 rows is downsampled for drawing only.
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
     },
@@ -77,6 +83,17 @@ pub enum Command {
         /// Time between rows (default: pressure.sample_period), e.g. "1s".
         #[arg(long)]
         interval: Option<String>,
+        /// Also look at the local etcd member's metrics listener (etcd.metrics_url,
+        /// /health and /metrics) for every row and add its columns after the others:
+        /// etcd_healthy (1/0), etcd_wal_fsync_p99_ms and etcd_backend_commit_p99_ms
+        /// (p99 since the last row it answered), etcd_heartbeat_send_failures,
+        /// etcd_slow_applies, etcd_leader_changes (the member's counters). Off unless
+        /// asked: without it the CSV keeps its eight columns wherever it runs, whatever
+        /// answers at etcd.metrics_url. Each look is bounded by
+        /// etcd.request_timeout and never delays the next row; a member that does not
+        /// answer leaves empty cells and one warning on stderr.
+        #[arg(long)]
+        etcd_member: bool,
     },
     /// Check the configuration file and print the settings in force.
     CheckConfig,

@@ -189,6 +189,113 @@ impl State {
     }
 }
 
+/// The step into `etcd-only` weighs its cost (docs/behaviour.md, "Decision rules"):
+/// it restarts k3s, and the restarted etcd member reads its data back under the
+/// thrash that made the step. In the measured incident (docs/incident.md, the held
+/// arm: a PodDisruptionBudget kept the workload, so the drain into `control-plane`
+/// freed nothing) the step freed about 217 MiB and ended the thrash; the member was
+/// away about 20 s, longer when it was already struggling before the restart.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EtcdOnlyCost {
+    /// `false`: the step into `etcd-only` is never held (as before this rule).
+    pub hold: bool,
+    /// The drain into `control-plane` "freed nothing" when available memory rose by
+    /// less than this since that step was decided.
+    pub drain_freed_at_least: u64,
+    /// The member is in distress at a WAL fsync p99 (over the last look's interval) of
+    /// at least this ...
+    pub wal_fsync_p99_limit: Duration,
+    /// ... or a backend commit p99 of at least this.
+    pub backend_commit_p99_limit: Duration,
+}
+
+/// The local etcd member as its own metrics listener last showed it, as the core
+/// weighs it. `None` fields are unknown (no look yet, no fsync in the interval).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MemberSignals {
+    /// `Some(false)`: `/health` said false, or did not answer in time.
+    pub healthy: Option<bool>,
+    pub wal_fsync_p99: Option<Duration>,
+    pub backend_commit_p99: Option<Duration>,
+}
+
+/// Why the step into `etcd-only` is held at `control-plane`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EtcdOnlyHeld {
+    /// What the drain into `control-plane` freed (available memory since that step was
+    /// decided); `None`: not known (regrade started at `control-plane`), taken as nothing.
+    pub freed_by_drain: Option<i64>,
+    pub why: HeldBecause,
+}
+
+///
+/// Not a reason: that the restart would not free enough to reach the floor. Measured
+/// (docs/incident.md, the held arm, 2026-12-04): with 5–28 MiB available in a 1.5 GiB
+/// cgroup the restart freed 217 MiB and the thrash ended about 36 s later, available
+/// still under the 512 MiB floor. The floor starts steps; it is not what relief needs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeldBecause {
+    /// The member is unhealthy, or its WAL fsync or backend commit p99 is at or over
+    /// its limit: a restart now would not finish under the thrash.
+    MemberInDistress(String),
+}
+
+impl std::fmt::Display for EtcdOnlyHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: i64| b / (1 << 20);
+        match self.freed_by_drain {
+            Some(freed) => write!(f, "the drain into control-plane freed {} MiB", mib(freed))?,
+            None => write!(f, "what the drain into control-plane freed is not known")?,
+        }
+        match &self.why {
+            HeldBecause::MemberInDistress(why) => write!(
+                f,
+                " and the local etcd member is in distress ({why}): a restart now would keep it away under the \
+                 thrash; holding at control-plane"
+            ),
+        }
+    }
+}
+
+/// Whether the step `step` is held at `control-plane` by its cost: only the step from
+/// `control-plane` into `etcd-only`, only when the drain freed less than
+/// `drain_freed_at_least`, and then when the member is already in distress. `None`: go
+/// on.
+pub fn weigh_etcd_only(
+    cost: &EtcdOnlyCost,
+    step: &Step,
+    freed_by_drain: Option<i64>,
+    member: &MemberSignals,
+) -> Option<EtcdOnlyHeld> {
+    let into_etcd_only = step.direction == Direction::Down && step.to == Level::EtcdOnly;
+    if !cost.hold || !into_etcd_only {
+        return None;
+    }
+    if freed_by_drain.is_some_and(|f| f >= cost.drain_freed_at_least as i64) {
+        return None;
+    }
+    let held = |why| Some(EtcdOnlyHeld { freed_by_drain, why });
+    if member.healthy == Some(false) {
+        return held(HeldBecause::MemberInDistress("not healthy".into()));
+    }
+    let over = |p: Option<Duration>, limit: Duration| p.filter(|p| *p >= limit);
+    if let Some(p) = over(member.wal_fsync_p99, cost.wal_fsync_p99_limit) {
+        return held(HeldBecause::MemberInDistress(format!(
+            "WAL fsync p99 {} ms, limit etcd.wal_fsync_p99_limit = {} ms",
+            p.as_millis(),
+            cost.wal_fsync_p99_limit.as_millis()
+        )));
+    }
+    if let Some(p) = over(member.backend_commit_p99, cost.backend_commit_p99_limit) {
+        return held(HeldBecause::MemberInDistress(format!(
+            "backend commit p99 {} ms, limit etcd.backend_commit_p99_limit = {} ms",
+            p.as_millis(),
+            cost.backend_commit_p99_limit.as_millis()
+        )));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +492,60 @@ mod tests {
         assert_eq!(st.next_step_at(&s, LEVELS).unwrap().1, secs(95));
         st.observe(&s, LEVELS, secs(50), Reading::Neither);
         assert_eq!(st.next_step_at(&s, LEVELS), None);
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn cost() -> EtcdOnlyCost {
+        EtcdOnlyCost {
+            hold: true,
+            drain_freed_at_least: 64 * MIB,
+            wal_fsync_p99_limit: Duration::from_millis(100),
+            backend_commit_p99_limit: Duration::from_millis(100),
+        }
+    }
+
+    const INTO_ETCD_ONLY: Step = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+
+    #[test]
+    fn the_step_into_etcd_only_goes_on_when_the_drain_freed_something_or_the_member_is_well() {
+        let c = cost();
+        let well = MemberSignals { healthy: Some(true), ..Default::default() };
+        let unwell = MemberSignals { healthy: Some(false), ..Default::default() };
+        // The held arm's case, measured: nothing freed, 20 MiB available, a calm
+        // member: go on (the restart ended the thrash under the floor).
+        assert_eq!(weigh_etcd_only(&c, &INTO_ETCD_ONLY, Some(0), &well), None);
+        // The drain freed something: the next step is the one that helps, go on.
+        assert_eq!(weigh_etcd_only(&c, &INTO_ETCD_ONLY, Some(64 * MIB as i64), &unwell), None);
+        // Not known what the drain freed: taken as nothing.
+        let h = weigh_etcd_only(&c, &INTO_ETCD_ONLY, None, &unwell).unwrap();
+        assert!(h.to_string().contains("not known"), "{h}");
+        // Turned off, or another step: never held.
+        assert_eq!(weigh_etcd_only(&EtcdOnlyCost { hold: false, ..c }, &INTO_ETCD_ONLY, Some(0), &unwell), None);
+        let into_cp = Step { direction: Direction::Down, from: Level::Full, to: Level::ControlPlane };
+        assert_eq!(weigh_etcd_only(&c, &into_cp, Some(0), &unwell), None);
+        let up = Step { direction: Direction::Up, from: Level::EtcdOnly, to: Level::ControlPlane };
+        assert_eq!(weigh_etcd_only(&c, &up, Some(0), &unwell), None);
+    }
+
+    #[test]
+    fn the_step_into_etcd_only_is_held_while_the_member_is_in_distress() {
+        let c = cost();
+        let held = |m: MemberSignals| weigh_etcd_only(&c, &INTO_ETCD_ONLY, Some(0), &m);
+        let unhealthy = held(MemberSignals { healthy: Some(false), ..Default::default() }).unwrap();
+        assert_eq!(unhealthy.why, HeldBecause::MemberInDistress("not healthy".into()));
+        let slow_fsync = held(MemberSignals { wal_fsync_p99: Some(Duration::from_millis(100)), ..Default::default() });
+        assert!(slow_fsync.unwrap().to_string().contains("etcd.wal_fsync_p99_limit"));
+        let slow_commit =
+            held(MemberSignals { backend_commit_p99: Some(Duration::from_millis(250)), ..Default::default() });
+        assert!(slow_commit.unwrap().to_string().contains("etcd.backend_commit_p99_limit"));
+        // Under the limits, or unknown: go on.
+        let fine = MemberSignals {
+            healthy: Some(true),
+            wal_fsync_p99: Some(Duration::from_millis(99)),
+            backend_commit_p99: Some(Duration::from_millis(99)),
+        };
+        assert_eq!(held(fine), None);
+        assert_eq!(held(MemberSignals::default()), None);
     }
 }

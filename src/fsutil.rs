@@ -4,6 +4,12 @@
 //! rename it over the target, fsync the directory (the rename itself is only durable
 //! once the directory is). And reading a file that may be absent.
 //!
+//! Every durable write is named by its caller (`level-record`, `dropin`, …): the name
+//! is what a test's cut points at (`REGRADE_TEST_KILL_AT=<write>:<moment>`, see
+//! [`crate::kill_point`]) and, in a build with the `fsync-faults` feature (tests only),
+//! what `REGRADE_TEST_NO_FSYNC` takes an fsync out of, to show a power-cut test
+//! catching the loss.
+//!
 //! A file that means something only while its writer runs (`watch`'s published state,
 //! the drain's progress: their readers check that the writer's PID is alive) is
 //! replaced the same way but without the fsyncs ([`publish_atomic`]): a power loss ends
@@ -16,40 +22,48 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::kill_point::{self, Moment};
+
 /// Makes `path` hold exactly `bytes`, with permission bits `mode` (set explicitly, so
 /// the process's umask does not change them), creating its directory if missing.
 /// On failure the old file is untouched and no temporary file is left behind.
 ///
 /// The temporary name starts with a dot and ends in `.tmp`, so directory readers that
 /// pick files by suffix (k3s reads `config.yaml.d/*.yaml`) never take it, and carries
-/// the process id and a counter, so two writers of one path never share it.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    replace(path, bytes, mode, true).map(drop)
+/// the process id and a counter, so two writers of one path never share it. `write`
+/// names the write (see the module documentation).
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32, write: &str) -> io::Result<()> {
+    replace(path, bytes, mode, Some(write)).map(drop)
 }
 
 /// [`write_atomic`], and the new file, still open: what it wrote, for a writer that
 /// wants to tell later whether the file is still the one it wrote (same inode).
-pub fn write_atomic_kept(path: &Path, bytes: &[u8], mode: u32) -> io::Result<File> {
-    replace(path, bytes, mode, true)
+pub fn write_atomic_kept(path: &Path, bytes: &[u8], mode: u32, write: &str) -> io::Result<File> {
+    replace(path, bytes, mode, Some(write))
 }
 
 /// As [`write_atomic`] (readers see the old file or the new one whole) but not durable:
 /// for a file that is void once its writer is gone (see the module documentation).
 pub fn publish_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    replace(path, bytes, mode, false).map(drop)
+    replace(path, bytes, mode, None).map(drop)
 }
 
-/// Returns the new file, open (it is `path` once renamed).
-fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<File> {
+/// Returns the new file, open (it is `path` once renamed). `durable`: the write's name,
+/// for a durable write; `None` for a published one.
+fn replace(path: &Path, bytes: &[u8], mode: u32, durable: Option<&str>) -> io::Result<File> {
     let dir = parent(path);
     fs::create_dir_all(dir)?;
     let (tmp, mut f) = create_temp(dir, path)?;
     let written = (|| {
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
-        if durable {
-            f.sync_all()?;
-            count_sync();
+        if let Some(write) = durable {
+            kill_point::in_write(write, Moment::BeforeFsync);
+            if !fsync_faulted(write, false) {
+                f.sync_all()?;
+                count_sync();
+            }
+            kill_point::in_write(write, Moment::BeforeRename);
         }
         fs::rename(&tmp, path)
     })();
@@ -57,17 +71,22 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<Fi
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    if durable {
-        sync_dir(dir)?;
+    if let Some(write) = durable {
+        kill_point::in_write(write, Moment::BeforeDirFsync);
+        sync_dir(dir, write)?;
     }
     Ok(f)
 }
 
 /// Removes `path` durably (the directory is fsynced after). A missing file is not an
-/// error: the outcome, no file, is the one asked for.
-pub fn remove_durable(path: &Path) -> io::Result<()> {
+/// error: the outcome, no file, is the one asked for. `write` names it as for
+/// [`write_atomic`] (its one cut: removed, the directory not yet fsynced).
+pub fn remove_durable(path: &Path, write: &str) -> io::Result<()> {
     match fs::remove_file(path) {
-        Ok(()) => sync_dir(parent(path)),
+        Ok(()) => {
+            kill_point::in_write(write, Moment::BeforeDirFsync);
+            sync_dir(parent(path), write)
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
@@ -96,10 +115,30 @@ fn parent(path: &Path) -> &Path {
     path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
+fn sync_dir(dir: &Path, write: &str) -> io::Result<()> {
+    if fsync_faulted(write, true) {
+        return Ok(());
+    }
     File::open(dir)?.sync_all()?;
     count_sync();
     Ok(())
+}
+
+/// The `fsync-faults` build's mutation (tests only): whether `REGRADE_TEST_NO_FSYNC`
+/// takes this fsync out (the file's, or with `dir` its directory's). Always false in
+/// every other build.
+fn fsync_faulted(write: &str, dir: bool) -> bool {
+    #[cfg(feature = "fsync-faults")]
+    {
+        let asked = std::env::var(kill_point::NO_FSYNC_ENV).ok();
+        if kill_point::fsync_skipped(asked.as_deref(), write, dir) {
+            let what = if dir { "its directory's fsync" } else { "its fsync" };
+            tracing::warn!(write, "{}: {write} without {what} (fsync-faults build)", kill_point::NO_FSYNC_ENV);
+            return true;
+        }
+    }
+    let _ = (write, dir);
+    false
 }
 
 #[cfg(test)]
@@ -144,10 +183,10 @@ mod tests {
     fn replaces_whole_with_the_mode_asked_for_whatever_the_umask() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sub/dir/file.yaml");
-        write_atomic(&p, b"one\n", 0o644).unwrap();
+        write_atomic(&p, b"one\n", 0o644, "t").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"one\n");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o644);
-        write_atomic(&p, b"two\n", 0o600).unwrap();
+        write_atomic(&p, b"two\n", 0o600, "t").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two\n");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o600);
         assert_eq!(names(p.parent().unwrap()), ["file.yaml"], "no temporary file is left behind");
@@ -159,7 +198,7 @@ mod tests {
         let p = dir.path().join("run/state.json");
         let syncs = || SYNCS.with(|n| n.get());
         let before = syncs();
-        write_atomic(&p, b"durable\n", 0o644).unwrap();
+        write_atomic(&p, b"durable\n", 0o644, "t").unwrap();
         assert_eq!(syncs() - before, 2, "the file and its directory");
         let before = syncs();
         publish_atomic(&p, b"published\n", 0o640).unwrap();
@@ -167,6 +206,22 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"published\n");
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o7777, 0o640);
         assert_eq!(names(p.parent().unwrap()), ["state.json"], "no temporary file is left behind");
+    }
+
+    #[cfg(feature = "fsync-faults")]
+    #[test]
+    fn the_fsync_faults_build_takes_out_only_the_fsync_named() {
+        // Names no other test writes, so the variable touches no other test.
+        std::env::set_var(kill_point::NO_FSYNC_ENV, "mutated-file, mutated-dir:dir");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let syncs = || SYNCS.with(|n| n.get());
+        for (write, expected) in [("mutated-file", 1), ("mutated-dir", 1), ("mutated-file@tag", 1), ("other", 2)] {
+            let before = syncs();
+            write_atomic(&p, write.as_bytes(), 0o644, write).unwrap();
+            assert_eq!(syncs() - before, expected, "{write}");
+            assert_eq!(fs::read(&p).unwrap(), write.as_bytes(), "still replaced whole");
+        }
     }
 
     #[test]
@@ -182,7 +237,7 @@ mod tests {
             fs::write(s, b"stale").unwrap();
         }
         for _ in 0..3 {
-            write_atomic(&p, b"new", 0o644).unwrap();
+            write_atomic(&p, b"new", 0o644, "t").unwrap();
         }
         assert_eq!(fs::read(&p).unwrap(), b"new");
         assert!(stale.iter().all(|s| fs::read(s).unwrap() == b"stale"));
@@ -192,11 +247,11 @@ mod tests {
     fn a_failed_write_leaves_the_old_file_and_no_temporary() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        write_atomic(&p, b"old", 0o644).unwrap();
+        write_atomic(&p, b"old", 0o644, "t").unwrap();
         // A directory where the file should go: the rename fails.
         let d = dir.path().join("d");
         fs::create_dir_all(d.join("x")).unwrap();
-        assert!(write_atomic(&d, b"new", 0o644).is_err());
+        assert!(write_atomic(&d, b"new", 0o644, "t").is_err());
         assert_eq!(fs::read(&p).unwrap(), b"old");
         assert_eq!(names(dir.path()), ["d", "f"]);
     }
@@ -207,7 +262,7 @@ mod tests {
         let p = dir.path().join("f");
         assert_eq!(read_if_exists(&p).unwrap(), None);
         assert_eq!(read_string_if_exists(&p).unwrap(), None);
-        write_atomic(&p, b"x", 0o644).unwrap();
+        write_atomic(&p, b"x", 0o644, "t").unwrap();
         assert_eq!(read_if_exists(&p).unwrap().as_deref(), Some(&b"x"[..]));
         assert_eq!(read_string_if_exists(&p).unwrap().as_deref(), Some("x"));
         assert!(read_if_exists(dir.path()).is_err(), "a directory is not an absent file");
@@ -217,10 +272,10 @@ mod tests {
     fn remove_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        write_atomic(&p, b"x", 0o644).unwrap();
-        remove_durable(&p).unwrap();
+        write_atomic(&p, b"x", 0o644, "t").unwrap();
+        remove_durable(&p, "t").unwrap();
         assert!(!p.exists());
-        remove_durable(&p).unwrap();
-        assert!(remove_durable(dir.path()).is_err(), "a directory is not removed as a file");
+        remove_durable(&p, "t").unwrap();
+        assert!(remove_durable(dir.path(), "t").is_err(), "a directory is not removed as a file");
     }
 }

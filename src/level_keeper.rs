@@ -361,23 +361,27 @@ impl Start {
 pub async fn start(cfg: &Config, actuator: &mut dyn Actuator, marks: Marks) -> anyhow::Result<Start> {
     let path = cfg.level_record.clone();
     let keys = keys(cfg);
-    let record = match LevelRecord::read(&path) {
-        Ok(r) => r,
+    let (record, no_record) = match LevelRecord::read(&path) {
+        Ok(r) => (r, "none".to_string()),
         Err(e) => {
             tracing::error!(error = %e, "going on as if there were no level record");
-            None
+            (None, format!("unreadable ({e})"))
         }
     };
     let (file, started) = actuator.observe().await?;
     let levels = cfg.levels.clone();
     let same = move |a: Level, b: Level| !levels.needs_restart(a, b);
-    let decision = converge(&Observed { record: record.as_ref(), file, started, marks, keys: &keys }, &same);
+    let observed = Observed { record: record.as_ref(), file, started, marks, keys: &keys };
+    let decision = converge(&observed, &same);
+    let found = observed.describe(&no_record);
     let had_record = record.is_some();
     let base = record.clone().unwrap_or_else(|| LevelRecord::at(started.or(file).unwrap_or(Level::Full), keys.clone()));
     let keeper = Keeper::new(Some(path), base, keys);
     match &decision {
-        Decision::AtLevel { .. } => tracing::info!(decision = %decision.describe(), "the level record and the world"),
-        _ => tracing::warn!(decision = %decision.describe(), "the level record and the world disagree"),
+        Decision::AtLevel { .. } => {
+            tracing::info!(found = %found, decision = %decision.describe(), "the level record and the world")
+        }
+        _ => tracing::warn!(found = %found, decision = %decision.describe(), "the level record and the world disagree"),
     }
     let pending = match &decision {
         Decision::RefuseKeyChanged { .. } => anyhow::bail!("{}", decision.describe()),

@@ -184,7 +184,10 @@ impl LevelRecord {
         use anyhow::Context;
         let mut bytes = serde_json::to_vec_pretty(self)?;
         bytes.push(b'\n');
-        crate::fsutil::write_atomic_kept(path, &bytes, 0o644)
+        // Named with its phase, so a test can cut the write of one phase
+        // (`level-record@writing`: a phase ahead of the drop-in; see kill_point).
+        let write = format!("level-record@{}", self.step.as_ref().map_or("settled", |s| s.phase.as_str()));
+        crate::fsutil::write_atomic_kept(path, &bytes, 0o644, &write)
             .with_context(|| format!("writing the level record {}", path.display()))
     }
 
@@ -242,6 +245,30 @@ pub struct Observed<'a> {
     pub marks: Marks,
     /// The keys configured now (the same names as [`LevelRecord::keys`]).
     pub keys: &'a BTreeMap<String, String>,
+}
+
+impl Observed<'_> {
+    /// What was found, in words: what `watch` and `step` log at their start next to
+    /// the decision (`record` says why there is none: absent or unreadable).
+    pub fn describe(&self, no_record: &str) -> String {
+        let record = match self.record {
+            None => no_record.to_string(),
+            Some(LevelRecord { level, step: None, .. }) => format!("{level}"),
+            Some(LevelRecord { level, step: Some(s), .. }) => {
+                format!("{level}, step {} -> {} at phase {}", s.from, s.to, s.phase)
+            }
+        };
+        let or = |l: Option<Level>, none: &str| l.map_or(none.to_string(), |l| l.to_string());
+        let marks = match self.marks {
+            Marks::Level(l) => l.to_string(),
+            Marks::Unknown => "not read".into(),
+        };
+        format!(
+            "record: {record}; k3s's file: {}; k3s started at: {}; the Node's marks: {marks}",
+            or(self.file, "not regrade's"),
+            or(self.started, "not recorded since boot")
+        )
+    }
 }
 
 /// What to do about what was observed. Every command computes it the same way; the
@@ -596,6 +623,25 @@ mod tests {
         // Once k3s served at control-plane, only the marks were left.
         let r = record(EO, Some((EO, CP, Phase::Applied)));
         assert_eq!(decide(Some(&r), Some(Full), Some(CP), Marks::Level(EO)), Decision::ReconcileMarks { level: CP });
+    }
+
+    /// The start's log line names what was found: the record (or why there is none),
+    /// the file, the start record and the marks (the power-cut test reads it).
+    #[test]
+    fn what_was_found_is_said_in_words() {
+        let k = keys();
+        let r = record(CP, Some((CP, EO, Phase::Writing)));
+        let seen = Observed { record: Some(&r), file: Some(EO), started: None, marks: Marks::Level(EO), keys: &k };
+        assert_eq!(
+            seen.describe("none"),
+            "record: control-plane, step control-plane -> etcd-only at phase writing; k3s's file: etcd-only; \
+             k3s started at: not recorded since boot; the Node's marks: etcd-only"
+        );
+        let seen = Observed { record: None, file: None, started: Some(Full), marks: Marks::Unknown, keys: &k };
+        assert_eq!(
+            seen.describe("unreadable (garbled)"),
+            "record: unreadable (garbled); k3s's file: not regrade's; k3s started at: full; the Node's marks: not read"
+        );
     }
 
     // Scenario 6: a hand step interrupted (Ctrl-C is now finished by the step itself;

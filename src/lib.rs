@@ -21,6 +21,9 @@ pub mod etcd;
 pub mod fsutil;
 pub mod hold;
 pub mod kill_point;
+// The fsync mutation is a test build's; a release (optimised) build refuses it.
+#[cfg(all(feature = "fsync-faults", not(debug_assertions)))]
+compile_error!("the fsync-faults feature takes fsyncs out of durable writes: test builds only, never a release");
 pub mod level_record;
 pub mod metrics;
 pub mod notify;

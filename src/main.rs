@@ -46,7 +46,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             access::mint(&cfg, admin_kubeconfig, &lifetime, force)
         }
         Command::Simulate { trace, level, plot } => simulate::run(&cfg, &trace, level, plot.as_deref()),
-        Command::Record { count, interval } => simulate::record(&cfg, count, interval.as_deref()),
+        Command::Record { count, interval, etcd_member } => {
+            simulate::record(&cfg, count, interval.as_deref(), etcd_member)
+        }
         Command::Status { json } => status::run(&cfg, json),
         Command::Watch { dry_run } => watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act }),
         Command::Step { target } => hand::step_by_hand(&cfg, target),

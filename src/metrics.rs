@@ -66,6 +66,9 @@ impl AtomicF64 {
     const fn zero() -> Self {
         AtomicF64(AtomicU64::new(0)) // 0.0's bits are all zero
     }
+    const fn nan() -> Self {
+        AtomicF64(AtomicU64::new(0x7ff8_0000_0000_0000)) // f64::NAN's bits
+    }
     fn set(&self, v: f64) {
         self.0.store(v.to_bits(), Relaxed)
     }
@@ -105,6 +108,32 @@ pub struct Metrics {
     last_step: AtomicF64,
     /// Index into `PACINGS`, or `NONE` before `watch` has chosen.
     pacing: AtomicU8,
+    /// The local etcd member as its metrics listener showed it (`etcd::member`).
+    etcd_member: EtcdMemberMetrics,
+}
+
+/// The last look at the local etcd member; NaN for what is not known.
+struct EtcdMemberMetrics {
+    /// 1 healthy, 0 not, NaN unknown.
+    healthy: AtomicF64,
+    wal_fsync_p99: AtomicF64,
+    backend_commit_p99: AtomicF64,
+    /// Sums of each look's interval, as regrade saw them.
+    heartbeat_send_failures: AtomicU64,
+    slow_applies: AtomicU64,
+    leader_changes: AtomicU64,
+    looks: AtomicU64,
+}
+
+/// One look at the local etcd member, in the metrics' terms (`etcd::member::MemberView`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EtcdMemberLook {
+    pub healthy: Option<bool>,
+    pub wal_fsync_p99: Option<f64>,
+    pub backend_commit_p99: Option<f64>,
+    pub heartbeat_send_failures: u64,
+    pub slow_applies: u64,
+    pub leader_changes: u64,
 }
 
 const PACINGS: [Pacing; 2] = [Pacing::Trigger, Pacing::Polling];
@@ -152,7 +181,28 @@ impl Metrics {
             lease_held: AtomicBool::new(false),
             last_step: AtomicF64::zero(),
             pacing: AtomicU8::new(NONE),
+            etcd_member: EtcdMemberMetrics {
+                healthy: AtomicF64::nan(),
+                wal_fsync_p99: AtomicF64::nan(),
+                backend_commit_p99: AtomicF64::nan(),
+                heartbeat_send_failures: AtomicU64::new(0),
+                slow_applies: AtomicU64::new(0),
+                leader_changes: AtomicU64::new(0),
+                looks: AtomicU64::new(0),
+            },
         }
+    }
+
+    /// A look at the local etcd member (its own task, every `etcd.metrics_interval`).
+    pub fn etcd_member_looked(&self, l: EtcdMemberLook) {
+        let m = &self.etcd_member;
+        m.healthy.set(l.healthy.map_or(f64::NAN, |h| f64::from(u8::from(h))));
+        m.wal_fsync_p99.set(l.wal_fsync_p99.unwrap_or(f64::NAN));
+        m.backend_commit_p99.set(l.backend_commit_p99.unwrap_or(f64::NAN));
+        m.heartbeat_send_failures.fetch_add(l.heartbeat_send_failures, Relaxed);
+        m.slow_applies.fetch_add(l.slow_applies, Relaxed);
+        m.leader_changes.fetch_add(l.leader_changes, Relaxed);
+        m.looks.fetch_add(1, Relaxed);
     }
 
     /// The level `watch` is at (the core's).
@@ -335,6 +385,8 @@ impl Metrics {
         family(o, "regrade_lease_held", "gauge", "1 while this server holds the cluster's step Lease.")?;
         writeln!(o, "regrade_lease_held {}", u8::from(self.lease_held.load(Relaxed)))?;
 
+        self.render_etcd_member(o)?;
+
         // No step yet: no sample (a 1970 timestamp would read as "long ago").
         let last = self.last_step.get();
         if last > 0.0 {
@@ -345,6 +397,48 @@ impl Metrics {
                 "When the last step that ran ended, in Unix seconds.",
             )?;
             writeln!(o, "regrade_last_step_timestamp_seconds {last}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Metrics {
+    fn render_etcd_member(&self, o: &mut String) -> std::fmt::Result {
+        let m = &self.etcd_member;
+        let gauges = [
+            ("regrade_etcd_member_healthy", "1 when the local etcd member's /health said true at the last look, 0 when not or it did not answer in time; NaN: not known.", &m.healthy),
+            ("regrade_etcd_member_wal_fsync_p99_seconds", "The local etcd member's WAL fsync p99 over the interval before the last look (its own histogram's bucket deltas); NaN: none in it.", &m.wal_fsync_p99),
+            ("regrade_etcd_member_backend_commit_p99_seconds", "The local etcd member's backend commit p99 over the interval before the last look; NaN: none in it.", &m.backend_commit_p99),
+        ];
+        for (name, help, v) in gauges {
+            family(o, name, "gauge", help)?;
+            writeln!(o, "{name} {}", v.get())?;
+        }
+        let counters = [
+            (
+                "regrade_etcd_member_heartbeat_send_failures_total",
+                "Heartbeat send failures of the local etcd member, summed over regrade's looks.",
+                &m.heartbeat_send_failures,
+            ),
+            (
+                "regrade_etcd_member_slow_applies_total",
+                "Slow applies of the local etcd member, summed over regrade's looks.",
+                &m.slow_applies,
+            ),
+            (
+                "regrade_etcd_member_leader_changes_total",
+                "Leader changes the local etcd member saw, summed over regrade's looks.",
+                &m.leader_changes,
+            ),
+            (
+                "regrade_etcd_member_looks_total",
+                "Looks at the local etcd member's metrics listener (etcd.metrics_url).",
+                &m.looks,
+            ),
+        ];
+        for (name, help, v) in counters {
+            family(o, name, "counter", help)?;
+            writeln!(o, "{name} {}", v.load(Relaxed))?;
         }
         Ok(())
     }
@@ -730,9 +824,14 @@ mod tests {
             "regrade_refusals_total",
             "regrade_step_duration_seconds",
             "regrade_lease_held",
+            "regrade_etcd_member_healthy",
+            "regrade_etcd_member_wal_fsync_p99_seconds",
+            "regrade_etcd_member_backend_commit_p99_seconds",
+            "regrade_etcd_member_heartbeat_send_failures_total",
         ] {
             assert!(t.contains(&format!("# TYPE {name} ")), "{name} missing:\n{t}");
         }
+        assert_eq!(value(&t, "regrade_etcd_member_healthy"), "NaN", "not looked at yet: not known");
         assert_eq!(value(&t, &format!("regrade_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"))), "1");
         for l in Level::ALL {
             assert_eq!(value(&t, &format!("regrade_level{{level=\"{l}\"}}")), "0", "no level known yet");

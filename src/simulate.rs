@@ -15,7 +15,10 @@ use crate::level::Level;
 use crate::pressure::Sampler;
 use crate::sample::{Metric, Psi, Sample};
 
+pub mod member;
 pub mod plot;
+
+pub use member::{MemberCells, MEMBER_COLUMNS};
 
 /// `t`, the six averages in [`Metric::ALL`]'s order, `mem_available_kb`.
 pub const COLUMNS: [&str; 8] = {
@@ -55,6 +58,8 @@ pub struct Observed {
     pub reading: Reading,
     pub over_since: Option<Duration>,
     pub calm_since: Option<Duration>,
+    /// The etcd member's cells, when the trace has member columns.
+    pub member: Option<MemberCells>,
 }
 
 pub fn run(cfg: &Config, trace: &Path, level: Level, plot_to: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -64,7 +69,10 @@ pub fn run(cfg: &Config, trace: &Path, level: Level, plot_to: Option<&Path>) -> 
     // Printing and drawing take the steps from this one call: the picture shows the
     // steps the JSON says.
     let mut steps = vec![];
-    let mut drawing = plot_to.map(|_| plot::Recorder::new(cfg.core_settings()));
+    let mut drawing = plot_to.map(|_| {
+        plot::Recorder::new(cfg.core_settings())
+            .member_limits(cfg.etcd.wal_fsync_p99_limit.0, cfg.etcd.backend_commit_p99_limit.0)
+    });
     let plotting = drawing.is_some();
     replay_observed(
         cfg,
@@ -128,10 +136,15 @@ pub fn replay_observed(
     let names: Vec<&str> = header.split(',').map(str::trim).collect();
     let col = |name: &str| names.iter().position(|n| *n == name);
     for n in &names {
-        if !COLUMNS.contains(n) {
-            bail!("line 1: unknown column {n:?} (columns: {})", COLUMNS.join(","));
+        if !COLUMNS.contains(n) && !MEMBER_COLUMNS.contains(n) {
+            bail!(
+                "line 1: unknown column {n:?} (columns: {}; and the etcd member's: {})",
+                COLUMNS.join(","),
+                MEMBER_COLUMNS.join(",")
+            );
         }
     }
+    let member_cols = member::MemberColumns::find(&names);
     let t_col = col("t").context("line 1: no \"t\" column")?;
     col(settings.metric.as_str())
         .with_context(|| format!("line 1: no {:?} column, which pressure.metric names", settings.metric.as_str()))?;
@@ -176,6 +189,7 @@ pub fn replay_observed(
         if let Some(c) = mem_col {
             sample.mem_available = (num(c)? as u64).saturating_mul(1024);
         }
+        let member = member_cols.map(|m| m.read(&cells, lineno)).transpose()?;
         let now = Duration::from_secs_f64(t);
         let reading = settings.classify(&sample);
         let step = state.observe(&settings, levels, now, reading);
@@ -187,6 +201,7 @@ pub fn replay_observed(
             reading,
             over_since: state.over_since,
             calm_since: state.calm_since,
+            member,
         })?;
         if let Some(step) = step {
             state.step_ran(now, step.to);
@@ -210,23 +225,30 @@ fn seconds(text: &str, v: f64) -> serde_json::Number {
         .unwrap_or_else(|| serde_json::Number::from(0))
 }
 
-pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyhow::Result<ExitCode> {
+/// With `etcd_member`, each row also has the local member's columns ([`MEMBER_COLUMNS`]).
+pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>, etcd_member: bool) -> anyhow::Result<ExitCode> {
     let period = match interval {
         Some(s) => crate::units::parse_duration(s).map_err(|e| anyhow::anyhow!("--interval: {e}"))?,
         None => cfg.pressure.sample_period.0,
     };
     let mut sampler = Sampler::for_config(&cfg.pressure)?.needing(crate::pressure::Needs::ALL);
+    let mut member = etcd_member.then(|| member::Looker::new(&cfg.etcd)).transpose()?;
     let out = std::io::stdout();
     let mut out = out.lock();
-    writeln!(out, "{}", COLUMNS.join(","))?;
+    write!(out, "{}", COLUMNS.join(","))?;
+    if member.is_some() {
+        write!(out, ",{}", MEMBER_COLUMNS.join(","))?;
+    }
+    writeln!(out)?;
     out.flush()?;
-    // `record` runs no async runtime: std's clock and a blocking sleep serve it.
+    // std's clock and a blocking sleep keep the schedule; the member's look (its own
+    // small runtime) fits within the time left until the next row is due.
     let start = Instant::now();
+    let due = |n: u64| start + period * u32::try_from(n).unwrap_or(u32::MAX);
     let mut n = 0u64;
     while count.is_none_or(|c| n < c) {
         if n > 0 {
-            let due = start + period * u32::try_from(n).unwrap_or(u32::MAX);
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            std::thread::sleep(due(n).saturating_duration_since(Instant::now()));
         }
         let s = sampler.sample()?;
         let t = start.elapsed().as_secs_f64();
@@ -234,7 +256,11 @@ pub fn record(cfg: &Config, count: Option<u64>, interval: Option<&str>) -> anyho
         for m in Metric::ALL {
             write!(out, ",{}", s.psi.get(m))?;
         }
-        writeln!(out, ",{}", s.mem_available / 1024)?;
+        write!(out, ",{}", s.mem_available / 1024)?;
+        if let Some(m) = member.as_mut() {
+            m.look(due(n + 1).saturating_duration_since(Instant::now())).write(&mut out)?;
+        }
+        writeln!(out)?;
         out.flush()?;
         n += 1;
     }
@@ -310,6 +336,55 @@ mod tests {
         // A time too large for a Duration is an error naming the line, not an abort.
         let msg = e("t,some_avg10,mem_available_kb\n1e30,1,1\n");
         assert!(msg.contains("line 2") && msg.contains("t = "), "{msg}");
+    }
+
+    #[test]
+    fn member_columns_are_read_by_name_and_change_no_step() {
+        let mut plain = String::from("t,some_avg10,mem_available_kb\n");
+        let mut with = format!("etcd_slow_applies,t,some_avg10,mem_available_kb,{}\n", &MEMBER_COLUMNS[..5].join(","));
+        for t in (0..=200).step_by(10) {
+            plain += &format!("{t},50,100\n");
+            // Every kind of cell: empty ones, and values.
+            let member = if t % 20 == 0 { "1,3.5,12.25,0,2" } else { ",,,," };
+            with += &format!("{},{t},50,100,{member}\n", t / 10);
+        }
+        let c = cfg("");
+        let json = |steps: Vec<StepLine>| steps.iter().map(|l| serde_json::to_string(l).unwrap()).collect::<Vec<_>>();
+        let expected = json(steps(&c, &plain, Level::Full).unwrap());
+        assert!(!expected.is_empty());
+        assert_eq!(json(steps(&c, &with, Level::Full).unwrap()), expected);
+        let mut seen = vec![];
+        replay_observed(
+            &c,
+            with.as_bytes(),
+            Level::Full,
+            |o| {
+                seen.push(o.member);
+                Ok(())
+            },
+            |_| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(seen[0].unwrap().wal_fsync_p99_ms, Some(3.5));
+        assert_eq!(seen[0].unwrap().slow_applies, Some(0));
+        assert_eq!(seen[1].unwrap(), MemberCells { slow_applies: Some(1), ..Default::default() });
+        // A trace without them has none; a bad cell names its line and column.
+        replay_observed(
+            &c,
+            plain.as_bytes(),
+            Level::Full,
+            |o| {
+                assert!(o.member.is_none());
+                Ok(())
+            },
+            |_| Ok(()),
+        )
+        .unwrap();
+        let bad = with.replacen(",,,,\n", ",abc,,,\n", 1);
+        let msg = format!("{:#}", steps(&c, &bad, Level::Full).unwrap_err());
+        assert!(msg.contains("line 3: etcd_wal_fsync_p99_ms: \"abc\""), "{msg}");
+        let msg = format!("{:#}", steps(&c, "t,some_avg10,mem_available_kb,etcd_bogus\n", Level::Full).unwrap_err());
+        assert!(msg.contains("unknown column \"etcd_bogus\"") && msg.contains("etcd_healthy"), "{msg}");
     }
 
     fn plot(cfg: &Config, trace: &str) -> anyhow::Result<String> {

@@ -91,13 +91,17 @@ impl Published {
     /// The published state, if the `watch` that wrote it is still running.
     pub fn read_live(path: &Path) -> Option<Published> {
         let p: Published = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-        // kill(pid, 0) tests that the process exists without signalling it; EPERM
-        // means it exists but belongs to someone else (a root `watch`, a user `status`).
-        let alive = p.pid != 0
-            && (unsafe { libc::kill(p.pid as libc::pid_t, 0) } == 0
-                || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM));
-        alive.then_some(p)
+        alive(p.pid).then_some(p)
     }
+}
+
+/// Whether the process `pid` (a file's writer) still runs.
+pub fn alive(pid: u32) -> bool {
+    // kill(pid, 0) tests that the process exists without signalling it; EPERM
+    // means it exists but belongs to someone else (a root `watch`, a user `status`).
+    pid != 0
+        && (unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 #[cfg(test)]

@@ -64,6 +64,11 @@ pub struct Status {
     pub etcd: EtcdStatus,
     /// The last drain on this server, as its process published it.
     pub drain: Option<DrainStatus>,
+    /// The local etcd member's own view (`etcd.metrics_url`): `watch`'s last look, or,
+    /// with no `watch` running, one look now (health only: a p99 needs two looks).
+    pub etcd_member: Option<crate::etcd::member::MemberView>,
+    /// Which static protections of k3s are in place on this host.
+    pub protections: Vec<crate::actuator::systemd::protections::Finding>,
 }
 
 #[derive(Debug, Serialize)]
@@ -170,6 +175,12 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             },
             Err(e) => EtcdStatus { members: Vec::new(), error: Some(format!("{e:#}")) },
         };
+        let etcd_member = match (crate::etcd::member::read_live(&cfg.state_file), cfg.etcd.metrics_url()) {
+            (Some(v), _) => Some(v),
+            (None, Some(Ok(url))) => Some(crate::etcd::member::look(&url, cfg.etcd.request_timeout.0, None).await.0),
+            (None, _) => None,
+        };
+        let protections = backend::protections(cfg).await;
         Status {
             level,
             metric: settings.metric.as_str(),
@@ -201,6 +212,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             etcd,
             drain: PublishedDrain::read(&drain::progress_path(&cfg.state_file))
                 .map(|p| DrainStatus { writer_gone: p.running && !p.is_live(), published: p }),
+            etcd_member,
+            protections,
         }
     });
     if json {
@@ -322,6 +335,14 @@ pub fn render(s: &Status, now: f64) -> String {
             (false, false) => "learner",
         };
         o += &format!("{head:<16}{name}, {role}: {}\n", m.health);
+    }
+    if let Some(m) = &s.etcd_member {
+        o += &format!("this member:    {}\n", m.summary());
+    }
+    for (i, p) in s.protections.iter().enumerate() {
+        let head = if i == 0 { "protections:" } else { "" };
+        let state = if p.state == "missing" { "MISSING" } else { p.state };
+        o += &format!("{head:<16}{}: {state}: {}\n", p.protection, p.words);
     }
     o
 }

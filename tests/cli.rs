@@ -145,9 +145,113 @@ fn record_prints_the_csv_simulate_reads() {
     assert!(f.regrade(&["simulate", trace.to_str().unwrap()]).status.success());
 }
 
+/// A stand-in for etcd's metrics listener on loopback: `/health` says true, and its
+/// `n`-th `/metrics` answer has, after 1000 fast WAL fsyncs (under 1 ms), `10 n` more
+/// in (4 ms, 8 ms], and `n` heartbeat send failures. Over the interval between two
+/// answers the p99 is then 7.96 ms (10 fsyncs, all slow); from zero it would be lower.
+fn etcd_metrics_listener() -> String {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut n = 0u64;
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut buf = [0u8; 1024];
+            let got = s.read(&mut buf).unwrap_or(0);
+            let body = if buf[..got].starts_with(b"GET /health") {
+                "{\"health\":\"true\",\"reason\":\"\"}".to_string()
+            } else {
+                n += 1;
+                let slow = 1000 + 10 * n;
+                format!(
+                    "etcd_disk_wal_fsync_duration_seconds_bucket{{le=\"0.001\"}} 1000\n\
+                     etcd_disk_wal_fsync_duration_seconds_bucket{{le=\"0.004\"}} 1000\n\
+                     etcd_disk_wal_fsync_duration_seconds_bucket{{le=\"0.008\"}} {slow}\n\
+                     etcd_disk_wal_fsync_duration_seconds_bucket{{le=\"+Inf\"}} {slow}\n\
+                     etcd_disk_backend_commit_duration_seconds_bucket{{le=\"0.001\"}} 5\n\
+                     etcd_disk_backend_commit_duration_seconds_bucket{{le=\"+Inf\"}} 5\n\
+                     etcd_server_heartbeat_send_failures_total {n}\n\
+                     etcd_server_slow_apply_total 7\n\
+                     etcd_server_leader_changes_seen_total 2\n"
+                )
+            };
+            let _ = s.write_all(format!("HTTP/1.1 200 OK\r\n\r\n{body}").as_bytes());
+        }
+    });
+    format!("http://{addr}/metrics")
+}
+
+/// `record --etcd-member` with `etcd.metrics_url` at `url`: the header's extra columns
+/// and each row's member cells, and stderr.
+fn record_member(url: &str, interval: &str) -> (Vec<String>, Vec<f64>, String) {
+    let f = Fixture::new(OVER_PSI, 2048, &format!("[etcd]\nmetrics_url = {url:?}\nrequest_timeout = \"5s\""));
+    let out = f.regrade(&["record", "--etcd-member", "--count", "3", "--interval", interval]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    let mut lines = o.lines();
+    let header = lines.next().unwrap();
+    let (pressure, member) = header.split_at(header.find(",etcd_").expect(header));
+    assert_eq!(pressure, "t,some_avg10,some_avg60,some_avg300,full_avg10,full_avg60,full_avg300,mem_available_kb");
+    assert_eq!(
+        member,
+        ",etcd_healthy,etcd_wal_fsync_p99_ms,etcd_backend_commit_p99_ms,etcd_heartbeat_send_failures,etcd_slow_applies,etcd_leader_changes"
+    );
+    let mut rows = vec![];
+    let mut t = vec![];
+    for l in lines {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 14, "{l}");
+        assert_eq!(cells[1..8].join(","), "80,60,20,30,10,1,2048", "the pressure columns stay as they were");
+        rows.push(cells[8..].join(","));
+        t.push(cells[0].parse().unwrap());
+    }
+    // And simulate takes it back, member columns and all.
+    let trace = f.dir.path().join("rec.csv");
+    std::fs::write(&trace, &o).unwrap();
+    let replay = f.regrade(&["simulate", trace.to_str().unwrap()]);
+    assert!(replay.status.success(), "{}", text(&replay.stderr));
+    (rows, t, text(&out.stderr))
+}
+
+#[test]
+fn record_etcd_member_adds_the_members_columns_with_the_p99_of_each_interval() {
+    let (rows, _, _) = record_member(&etcd_metrics_listener(), "300ms");
+    // The first row has no interval before it; then 10 fsyncs in (4, 8] ms each time.
+    assert_eq!(rows, ["1,,,1,7,2", "1,7.960,,2,7,2", "1,7.960,,3,7,2"]);
+}
+
+#[test]
+fn record_etcd_member_goes_on_when_the_member_does_not_answer() {
+    // Nothing listens: empty cells, said once.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (rows, _, err) = record_member(&format!("http://{free}/metrics"), "100ms");
+    assert_eq!(rows, [",,,,,"; 3]);
+    assert_eq!(err.matches("does not answer").count(), 1, "{err}");
+    // Hung (connects, never answers) with etcd.request_timeout = 5s: not healthy, and
+    // every row on time (45 % of a 600 ms interval per request at most).
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (rows, t, err) = record_member(&format!("http://{}/metrics", hung.local_addr().unwrap()), "600ms");
+    assert_eq!(rows, ["0,,,,,"; 3]);
+    for (i, t) in t.iter().enumerate() {
+        assert!(*t < i as f64 * 0.6 + 0.25, "row {i} at t = {t}: late behind a hung member");
+    }
+    assert_eq!(err.matches("does not answer").count(), 1, "{err}");
+    drop(hung);
+}
+
+#[test]
+fn record_etcd_member_needs_a_metrics_url() {
+    let f = Fixture::new(OVER_PSI, 2048, "[etcd]\nmetrics_url = \"\"");
+    let out = f.regrade(&["record", "--etcd-member", "--count", "1"]);
+    assert!(!out.status.success() && text(&out.stderr).contains("etcd.metrics_url"), "{}", text(&out.stderr));
+}
+
 #[test]
 fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
-    let f = Fixture::new(OVER_PSI, 1000, "");
+    // The step into etcd-only is not weighed here (nothing is drained in a dry run, so
+    // it would be held at control-plane: watch::tests has that).
+    let f = Fixture::new(OVER_PSI, 1000, "[etcd]\nhold_at_control_plane = false");
     let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
         .arg("--config")
         .arg(f.config())

@@ -512,9 +512,7 @@ fn three_servers_end_to_end() {
         return;
     }
     let t_start = Instant::now();
-    let build = Command::new(repo("tests/rig/build.sh")).stderr(std::process::Stdio::inherit()).output().unwrap();
-    assert!(build.status.success(), "tests/rig/build.sh failed");
-    let bin = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().unwrap().trim());
+    let bin = common::built("tests/rig/build.sh");
 
     // The rootfs too is made (or found) before the test leaves the host's network.
     let rootfs = Command::new(repo("tests/nspawn/rootfs.sh")).stderr(std::process::Stdio::inherit()).output().unwrap();

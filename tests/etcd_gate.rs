@@ -8,8 +8,6 @@
 //! Gated by REGRADE_TEST_ETCD=1. Run alone: `REGRADE_TEST_ETCD=1 flock /tmp/regrade-rig.lock
 //! cargo test --test etcd_gate -- --nocapture`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regrade::etcd::client::{Endpoint, EtcdClient};
@@ -57,10 +55,7 @@ fn etcd_gate_against_a_real_tls_cluster() {
     if !common::gate_open(GATE, "etcd_gate_against_a_real_tls_cluster", "tests/rig's etcd") {
         return;
     }
-    let rig = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rig/build.sh");
-    let build = Command::new(rig).stderr(Stdio::inherit()).output().unwrap();
-    assert!(build.status.success(), "tests/rig/build.sh failed");
-    let bin = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().unwrap().trim());
+    let bin = common::built("tests/rig/build.sh");
 
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();

@@ -129,6 +129,82 @@ fn the_picture_names_exactly_the_steps_printed() {
     }
 }
 
+/// [`incident`] with the etcd member's columns as `record --etcd-member` writes them:
+/// unhealthy for t in [150, 200), no answer in [250, 270) (restarted: its counters from
+/// zero after), p99s high in the first burst, 3 heartbeat send failures, 2 slow
+/// applies, 1 leader change.
+fn incident_with_member() -> String {
+    let mut out = String::new();
+    for (i, line) in incident().lines().enumerate() {
+        if i == 0 {
+            out += &format!(
+                "{line},etcd_healthy,etcd_wal_fsync_p99_ms,etcd_backend_commit_p99_ms,\
+                 etcd_heartbeat_send_failures,etcd_slow_applies,etcd_leader_changes\n"
+            );
+            continue;
+        }
+        let t: f64 = line.split(',').next().unwrap().parse().unwrap();
+        let healthy = if (150.0..200.0).contains(&t) { "0" } else { "1" };
+        let (wal, commit) = if (100.0..400.0).contains(&t) { ("640.5", "1200") } else { ("2.1", "") };
+        let before_restart = t < 250.0;
+        let hb = if before_restart { 10 + u32::from(t >= 120.0) + u32::from(t >= 180.0) } else { 1 };
+        let slow = if before_restart { 4 + u32::from(t >= 160.0) } else { u32::from(t >= 300.0) };
+        let leader = if before_restart { 3 } else { 3 + u32::from(t >= 270.0) };
+        out += &if (250.0..270.0).contains(&t) {
+            format!("{line},,,,,,\n")
+        } else {
+            format!("{line},{healthy},{wal},{commit},{hb},{slow},{leader}\n")
+        };
+    }
+    out
+}
+
+/// The picture's height in pixels.
+fn height(svg: &str) -> &str {
+    svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap()
+}
+
+#[test]
+fn a_trace_with_the_members_columns_draws_the_member() {
+    let d = Dir::new();
+    std::fs::write(d.path("regrade.toml"), format!("{CONFIG}[etcd]\nwal_fsync_p99_limit = \"250ms\"\n")).unwrap();
+    let (printed, svg, with_member) = plot(&d, &incident_with_member());
+    // The member changes no step, and the steps are still named as printed.
+    let (plain, plain_svg, without) = plot(&d, &incident());
+    assert_eq!(
+        (&printed, String::from_utf8_lossy(&with_member.stdout)),
+        (&plain, String::from_utf8_lossy(&without.stdout))
+    );
+    assert_eq!(drawn_steps(&svg), printed);
+    let all = texts(&svg).join("\n");
+    for s in [
+        "etcd member p99",
+        "etcd member unhealthy",
+        "no answer",
+        "WAL fsync p99",
+        "backend commit p99",
+        "wal_fsync_p99_limit 250ms",
+        "backend_commit_p99_limit 1s",
+        "heartbeat send failures 3, slow applies 2, leader changes 1",
+    ] {
+        assert!(all.contains(s), "{s:?} not in the picture: {all}");
+    }
+    // The lanes of marks, and a mark (a triangle) for each increment: 2 heartbeat
+    // send failures before the restart and 1 after it, 1 + 1 slow applies, 1 leader change.
+    for lane in ["heartbeat send failures", "slow applies", "leader changes"] {
+        assert!(texts(&svg).iter().any(|t| t == lane), "no lane {lane:?}: {all}");
+    }
+    assert_eq!(svg.matches("<polygon").count(), 6, "one mark per increment");
+    // The log scale names its decades, up to the commit's 1.2 s.
+    for s in ["1 ms", "100 ms", "1 s"] {
+        assert!(texts(&svg).iter().any(|t| t == s), "no {s:?} on the scale: {all}");
+    }
+    assert_eq!((height(&svg), height(&plain_svg)), ("1040", "800"));
+    // Without the columns, none of it.
+    let plain_all = texts(&plain_svg).join("\n");
+    assert!(!plain_all.contains("etcd member") && !plain_svg.contains("<polygon"), "{plain_all}");
+}
+
 #[test]
 fn a_floor_of_none_draws_no_floor_line() {
     let d = Dir::new();

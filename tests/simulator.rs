@@ -585,12 +585,16 @@ impl Server {
         };
         let mut srv = Server { dir: dir.clone(), cfg: Rc::default(), cgroup, over: false, task: None, hand: None };
         srv.set_memory(false);
+        // `hold_at_control_plane = false`: the hold only ever removes a restart (the
+        // cgroup server, 12 MiB over a 256 MiB floor, would never reach etcd-only), and
+        // this model is here to put every restart under faults. The hold itself:
+        // decide's and watch's tests.
         let cfg = Config::parse(&format!(
             "state_file = {:?}\nlevel_record = {:?}\n[pressure]\n{pressure}meminfo = {:?}\n\
              sample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
              [levels]\nstep_timeout = \"4m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
              [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n\
-             members_cache = {:?}\n",
+             members_cache = {:?}\nhold_at_control_plane = false\n",
             dir.join("state.json"),
             dir.join("level.json"),
             dir.join("meminfo"),

@@ -151,3 +151,94 @@ fn each_path_is_honoured_whatever_else_is_wrong_in_its_section() {
         assert_eq!(recorded(&h.record), "etcd-only", "{broken}: the configured drop-in is read");
     }
 }
+
+/// The files in the start record's directory: (name, contents).
+fn dir_files(h: &Host) -> Vec<(String, String)> {
+    let mut v: Vec<_> = std::fs::read_dir(h.record.parent().unwrap())
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().into_string().unwrap(), std::fs::read_to_string(e.path()).unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The cut points inside a durable write (`REGRADE_TEST_KILL_AT=start-record:<moment>`,
+/// tests/vm_power_cuts.rs cuts a guest's power at them): the hook dies exactly there,
+/// with the file system as each moment must leave it — before the fsync and before the
+/// rename, the old record whole beside the new temporary file; before the directory's
+/// fsync, the new record in place and no temporary file.
+#[test]
+fn a_cut_inside_the_start_record_write_stops_the_hook_at_that_moment() {
+    use std::os::unix::process::ExitStatusExt;
+    for moment in regrade::kill_point::MOMENTS {
+        let h = host();
+        regrade::actuator::systemd::record::write(&h.record, Level::Full).unwrap();
+        write_level(&h, Level::EtcdOnly);
+        let point = format!("start-record:{}", moment.as_str());
+        let out = Command::new(env!("CARGO_BIN_EXE_regrade"))
+            .args(["--config", h.conf.to_str().unwrap(), "record-start"])
+            .env_remove("JOURNAL_STREAM")
+            .env(regrade::kill_point::ENV, &point)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{point}: {}\n{stderr}", out.status);
+        assert!(stderr.contains(&point) && stderr.contains(regrade::kill_point::LOGGED), "{point}: {stderr}");
+        let files = dir_files(&h);
+        let temp = |(name, text): &(String, String)| name.starts_with(".started-level.") && text == "etcd-only\n";
+        match moment {
+            regrade::kill_point::Moment::BeforeFsync | regrade::kill_point::Moment::BeforeRename => {
+                assert_eq!(files.len(), 2, "{point}: {files:?}");
+                assert!(files.iter().any(temp), "{point}: the new record in its temporary file: {files:?}");
+                assert_eq!(recorded(&h.record), "full", "{point}: the old record untouched");
+            }
+            regrade::kill_point::Moment::BeforeDirFsync => {
+                assert_eq!(files, [("started-level".to_string(), "etcd-only\n".to_string())], "{point}");
+            }
+        }
+    }
+}
+
+/// `REGRADE_TEST_KILL_HOW=stop`: the process logs the point and stops itself there
+/// (SIGSTOP), so a test can cut a machine's power with its writes where the kernel has
+/// them; continued, it goes on and finishes the write.
+#[test]
+fn a_cut_with_kill_how_stop_stops_the_process_and_logs_the_point_first() {
+    use std::io::BufRead;
+    let h = host();
+    write_level(&h, Level::EtcdOnly);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .args(["--config", h.conf.to_str().unwrap(), "record-start"])
+        .env_remove("JOURNAL_STREAM")
+        .env(regrade::kill_point::ENV, "start-record:before-rename")
+        .env(regrade::kill_point::HOW_ENV, "stop")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed if an assertion fails: a stopped child would hold the test's output open.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = child.stderr.take().unwrap();
+    let mut child = Reaped(child);
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let line = lines.by_ref().map_while(Result::ok).find(|l| l.contains(regrade::kill_point::LOGGED)).unwrap();
+    assert!(line.contains("start-record:before-rename") && line.contains("SIGSTOP"), "{line}");
+    let pid = child.0.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: waits for our own child, reporting a stop.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) }, pid);
+    assert!(libc::WIFSTOPPED(status) && libc::WSTOPSIG(status) == libc::SIGSTOP, "status {status:#x}");
+    assert!(!h.record.exists(), "stopped before the rename");
+    // SAFETY: continues our own stopped child.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(child.0.wait().unwrap().success());
+    assert_eq!(recorded(&h.record), "etcd-only", "continued, the write finished");
+}

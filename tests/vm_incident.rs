@@ -55,29 +55,40 @@
 mod common;
 #[path = "vm/guest.rs"]
 mod guest;
+#[path = "vm/lane.rs"]
+mod lane;
+#[path = "incident/member.rs"]
+mod member;
 #[path = "incident/shared.rs"]
 mod shared;
 
 use std::fmt::Write as _;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::nspawn::Container;
-use common::three_servers::{
-    addr, api_servers_toml, apply_access, container_env, enter_netns, field, make_credentials, now, repo, run,
-    seed_k3s, Credentials,
-};
+use common::three_servers::{apply_access, enter_netns, field, make_credentials, now, repo, Credentials};
 use guest::{Guest, GuestSample};
+use lane::{Network, Peer, HUB};
 use serde_json::Value;
 use shared::{
-    api_write, client, hog_pods, keys_set, member_ids, node_state, scale_to_zero, spawn_logged, wait_until, Probe,
-    Procs,
+    api_write, client, hog_pods, keys_set, node_state, scale_to_zero, spawn_logged, wait_until, Probe, Procs,
 };
 
 const GATE: &str = "REGRADE_TEST_VM";
 const ARMS: [&str; 4] = ["regrade", "earlyoom", "systemd-oomd", "nothing"];
+/// The static protections packaging/ ships, in the guest as installed; an arm named
+/// `<arm>-without-<protection>` turns one off for that arm only, `<arm>-unprotected`
+/// both (issue 40: the figure each one moves, side by side in one run):
+/// - `memory-low`: k3s.service's and system.slice's MemoryLow= (both drop-ins),
+///   set to 0 at runtime (`systemctl set-property --runtime`);
+/// - `oom-score`: k3s.service's OOMScoreAdjust=-999, overridden with 0 by a runtime
+///   drop-in: it takes effect at k3s's next start (the restart into etcd-only), the
+///   window before k3s's kubelet sets -999 on its own process.
+///
+/// The kubelet's system-reserved memory (packaging/k3s/40-regrade-reserved.yaml) is not
+/// in this lane: the kubelet stand-in does not cap kubepods.slice.
+const PROTECTIONS: [&str; 2] = ["memory-low", "oom-score"];
 const ARMS_ENV: &str = "REGRADE_VM_ARMS";
 /// More `[pressure]` keys for regrade's arm, `;`-separated (e.g. `threshold = 30;
 /// mem_available_floor = "768MiB"`): to try other settings on the same thrash, or to
@@ -97,111 +108,75 @@ const ARM_BOUND: Duration = Duration::from_secs(180);
 const BACK_TO_FULL: Duration = Duration::from_secs(120);
 /// qemu is killed past this, whatever the test is doing.
 const GUEST_BOUND: Duration = Duration::from_secs(45 * 60);
-const HUB: &str = "regrade-vm-hub";
 const LONG: Duration = Duration::from_secs(120);
 
-/// The arms this run takes, in [`ARMS`]'s order; an unknown name fails at once.
-fn arms_to_run() -> Vec<&'static str> {
-    let Ok(asked) = std::env::var(ARMS_ENV) else { return ARMS.to_vec() };
-    let asked: Vec<&str> = asked.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+/// The arms this run takes, in the order asked (default: [`ARMS`]); an unknown name
+/// fails at once.
+fn arms_to_run() -> Vec<String> {
+    let Ok(asked) = std::env::var(ARMS_ENV) else { return ARMS.map(String::from).to_vec() };
+    let asked: Vec<String> = asked.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
     for a in &asked {
-        assert!(ARMS.contains(a), "{ARMS_ENV}: no arm {a:?} (arms: {})", ARMS.join(", "));
+        assert!(
+            ARMS.contains(&tool(a)) && protections_off(a).is_some(),
+            "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected)",
+            ARMS.join(", "),
+            PROTECTIONS.join("|")
+        );
     }
-    ARMS.iter().copied().filter(|a| asked.contains(a)).collect()
+    asked
 }
 
-/// The lane's network; removed when the test ends (after the containers and the guest).
-struct Network;
+/// The arm's tool: `regrade` of `regrade-without-memory-low`.
+fn tool(arm: &str) -> &str {
+    arm.split_once("-without-").map_or(arm.strip_suffix("-unprotected").unwrap_or(arm), |(t, _)| t)
+}
 
-impl Network {
-    fn up() -> Network {
-        let st = Command::new(repo("tests/vm/net.sh")).arg("up").status().unwrap();
-        assert!(st.success(), "tests/vm/net.sh up");
-        Network
+/// The protections the arm turns off; `None` for a name that is no arm.
+fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
+    if arm.ends_with("-unprotected") {
+        return Some(PROTECTIONS.to_vec());
     }
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        let _ = Command::new(repo("tests/vm/net.sh")).arg("down").status();
-    }
-}
-
-/// Runs `f` on a thread inside the network namespace `ns`.
-fn in_ns<T: Send + 'static>(ns: String, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        enter_netns(&ns);
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
-/// server2 or server3: a container in its namespace `regrade-vm-s<n>`.
-struct Peer {
-    n: usize,
-    c: Container,
-}
-
-impl Peer {
-    fn etcd_metric(&self, series: &'static str) -> Option<f64> {
-        let text =
-            in_ns(format!("regrade-vm-s{}", self.n), || common::nspawn::http_get("http://127.0.0.1:2381/metrics"))?;
-        let line = text.lines().find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))?;
-        line[series.len()..].trim().parse().ok()
-    }
-
-    fn server1_member(&self) -> Option<u64> {
-        member_ids(Path::new(self.c.var("ROOT")), self.n)
-            .into_iter()
-            .find(|(n, _)| n.starts_with("server1-"))
-            .map(|(_, id)| id)
+    match arm.split_once("-without-") {
+        None => Some(Vec::new()),
+        Some((_, p)) => PROTECTIONS.iter().find(|q| **q == p).map(|q| vec![*q]),
     }
 }
 
-/// The run's seed for server1 (tests/vm/guest/seed.sh copies `root` over /): its
-/// address, the binaries, k3s's configuration (the e2e's, with the node's name and
-/// address, as a k3s user writes them in config.yaml), the kubelet stand-in's
-/// kubeconfig (server2's API), regrade's configuration.
-fn server1_seed(tmp: &Path, certs: &Path, names: &[String], bin: &Path, regrade_bin: &Path) -> PathBuf {
-    let (etc, root) = seed_k3s(tmp, certs, names, 1);
-    let seed = tmp.join("vm-seed");
-    std::fs::create_dir_all(seed.join("bin")).unwrap();
-    std::fs::write(seed.join("net.env"), format!("HOST=server1\nADDR={}\n", addr(1))).unwrap();
-    std::fs::copy(regrade_bin, seed.join("bin/regrade")).unwrap();
-    for b in ["k3s-standin", "kube-apiserver", "kubelet-standin"] {
-        std::fs::copy(bin.join(b), seed.join("bin").join(b)).unwrap();
+/// Puts the shipped protections back, then turns `off` off; returns what is in force,
+/// read back from the cgroup files and systemd.
+fn set_protections(g: &Guest, off: &[&str]) -> String {
+    // Runtime drop-ins named 99- to sort after every packaged one: drop-ins are read in
+    // name order and the last setting wins (a run that used `systemctl set-property`,
+    // whose 50-MemoryLow.conf then sorted before the packaged 50-regrade-protect.conf,
+    // lost it at the next daemon-reload; the packaged file is 40- since).
+    let (k3s, slice) =
+        ("/run/systemd/system/k3s.service.d/99-arm.conf", "/run/systemd/system/system.slice.d/99-arm.conf");
+    let mut service = String::new();
+    if off.contains(&"memory-low") {
+        service += "MemoryLow=0\\n";
     }
-    let r = seed.join("root");
-    run(Path::new("cp"), &["-a", &format!("{}/.", root.display()), r.to_str().unwrap()]);
-    let k3s_etc = r.join("etc/rancher/k3s");
-    std::fs::create_dir_all(&k3s_etc).unwrap();
-    run(Path::new("cp"), &["-a", &format!("{}/.", etc.display()), k3s_etc.to_str().unwrap()]);
-    let mut cfg = std::fs::read_to_string(k3s_etc.join("config.yaml")).unwrap();
-    write!(cfg, "node-name: server1\nnode-ip: {}\n", addr(1)).unwrap();
-    std::fs::write(k3s_etc.join("config.yaml"), cfg).unwrap();
-    let admin = std::fs::read_to_string(certs.join("admin.kubeconfig")).unwrap();
-    std::fs::write(
-        k3s_etc.join("kubelet.kubeconfig"),
-        admin.replace(&certs.display().to_string(), "/etc/rancher/k3s/tls"),
-    )
-    .unwrap();
-    let etc_regrade = r.join("etc/regrade");
-    std::fs::create_dir_all(&etc_regrade).unwrap();
-    let mut toml =
-        std::fs::read_to_string(repo("tests/vm/regrade.toml")).unwrap().replace("@API_SERVERS@", &api_servers_toml(1));
-    if let Ok(extra) = std::env::var(PRESSURE_ENV) {
-        toml = toml.replace("[pressure]\n", &format!("[pressure]\n{}\n", extra.replace(';', "\n")));
+    if off.contains(&"oom-score") {
+        service += "OOMScoreAdjust=0\\n";
     }
-    std::fs::write(etc_regrade.join("regrade.toml"), toml).unwrap();
-    std::fs::copy(repo("tests/vm/record-pods.toml"), etc_regrade.join("record-pods.toml")).unwrap();
-    seed
-}
-
-fn build(script: &str) -> PathBuf {
-    let out = Command::new(repo(script)).stderr(std::process::Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "{script} failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().lines().last().unwrap().trim())
+    let slice_low = if off.contains(&"memory-low") { "MemoryLow=0\\n" } else { "" };
+    g.sh(
+        &format!(
+            "rm -f {k3s} {slice}; mkdir -p $(dirname {k3s}) $(dirname {slice}); \
+             printf '[Service]\\n{service}' > {k3s}; printf '[Slice]\\n{slice_low}' > {slice}; systemctl daemon-reload"
+        ),
+        LONG,
+    );
+    let read = g.sh(
+        "echo k3s.service memory.low=$(cat /sys/fs/cgroup/system.slice/k3s.service/memory.low), \
+         system.slice memory.low=$(cat /sys/fs/cgroup/system.slice/memory.low), \
+         k3s.service $(systemctl show -p OOMScoreAdjust k3s.service) at its next start, \
+         k3s now at $(cat /proc/$(systemctl show -p MainPID --value k3s.service)/oom_score_adj)",
+        LONG,
+    );
+    let read = read.split_whitespace().collect::<Vec<_>>().join(" ");
+    let low_off = read.starts_with("k3s.service memory.low=0,");
+    assert_eq!(low_off, off.contains(&"memory-low"), "the protections did not take: {read}");
+    read
 }
 
 #[test]
@@ -210,23 +185,9 @@ fn vm_incident() {
         return;
     }
     let t_start = Instant::now();
-    // One guest at a time on this machine.
-    let lock =
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/tmp/regrade-vm.lock").unwrap();
-    // SAFETY: flock on a file this test opened.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    // What a killed run left (the lock is ours: no other run is under way).
-    guest::sweep();
-    for n in [2, 3] {
-        let _ = Command::new(repo("tests/nspawn/container.sh")).args(["down", &format!("vm-server{n}")]).output();
-    }
-    for e in std::fs::read_dir("/var/tmp").unwrap().flatten() {
-        if e.file_name().to_string_lossy().starts_with("regrade-vm.") {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-    let bin = build("tests/rig/build.sh");
-    let image = build("tests/vm/image.sh");
+    let lock = lane::take_lock();
+    let bin = common::built("tests/rig/build.sh");
+    let image = common::built("tests/vm/image.sh");
     let regrade_bin =
         std::env::var("REGRADE_VM_BIN").map_or(PathBuf::from(env!("CARGO_BIN_EXE_regrade")), PathBuf::from);
     let phase = |name: &str| println!("[{:>6.1}s] {name}", t_start.elapsed().as_secs_f64());
@@ -237,23 +198,22 @@ fn vm_incident() {
     enter_netns(HUB);
     let tmp = tempfile::Builder::new().prefix("regrade-vm.").tempdir_in("/var/tmp").unwrap();
     let Credentials { certs, names, .. } = make_credentials(tmp.path(), &bin.join("harness"));
-    let seed = server1_seed(tmp.path(), &certs, &names, &bin, &regrade_bin);
-    let guest = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND);
-    let specs: Vec<(String, Vec<(&str, String)>)> = [2, 3]
-        .iter()
-        .map(|&n| {
-            let (etc, root) = seed_k3s(tmp.path(), &certs, &names, n);
-            let mut env = container_env(n, &etc, &root, &bin);
-            for (k, v) in &mut env {
-                if *k == "REGRADE_NSPAWN_NETNS" {
-                    *v = format!("regrade-vm-s{n}");
-                }
-            }
-            (format!("vm-server{n}"), env)
-        })
-        .collect();
-    let specs: Vec<(&str, Vec<(&str, String)>)> = specs.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
-    let peers: Vec<Peer> = Container::up_many(&specs).into_iter().zip([2, 3]).map(|(c, n)| Peer { n, c }).collect();
+    let mut toml = std::fs::read_to_string(repo("tests/vm/regrade.toml")).unwrap();
+    if let Ok(extra) = std::env::var(PRESSURE_ENV) {
+        toml = toml.replace("[pressure]\n", &format!("[pressure]\n{}\n", extra.replace(';', "\n")));
+    }
+    let pods_toml = std::fs::read_to_string(repo("tests/vm/record-pods.toml")).unwrap();
+    let seed = lane::server1_seed(
+        tmp.path(),
+        &certs,
+        &names,
+        &bin,
+        &regrade_bin,
+        &toml,
+        &[("/etc/regrade/record-pods.toml", pods_toml)],
+    );
+    let guest = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND, "");
+    let peers = lane::peers_up(tmp.path(), &certs, &names, &bin);
     phase("server2 and server3 up");
     let (t_booted, line) = guest.wait_console(0, "regrade-vm: booted", Duration::from_secs(240));
     phase(&format!("server1's guest: {line:?}, {:.1} s after qemu started", t_booted - guest.started));
@@ -287,6 +247,8 @@ fn vm_incident() {
 struct Row {
     arm: String,
     member: String,
+    /// server1's member through the arm (tests/incident/member.rs).
+    member_distress: String,
     leader_changes: String,
     bad_write_seconds: String,
     workload: String,
@@ -387,13 +349,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
     let phase = |name: &str| println!("[{:>6.1}s] {name}", t_start.elapsed().as_secs_f64());
     let admin_kc = certs.join("admin.kubeconfig");
     let a2 = client(&admin_kc, 2).await;
-    for n in ["server1", "server2", "server3"] {
-        let ok = wait_until(Duration::from_secs(300), async || {
-            (node_state(&a2, n).await.is_some_and(|(ready, _)| ready)).then_some(())
-        })
-        .await;
-        assert!(ok.is_some(), "Node {n} not Ready within 300 s");
-    }
+    lane::nodes_ready(&a2).await;
     for p in peers {
         p.c.exec(&["systemctl", "stop", "regrade.service"]);
     }
@@ -422,18 +378,21 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
 
     let mut rows: Vec<Row> = Vec::new();
     for arm in arms_to_run() {
+        let (arm, tool) = (arm.as_str(), tool(&arm));
         let recovery = same_start(g, &a2, peers, member, arm).await;
         if let Some(prev) = rows.last_mut() {
             prev.notes.extend(recovery);
         }
-        let setup = match arm {
+        let protections = set_protections(g, &protections_off(arm).unwrap_or_default());
+        phase(&format!("arm {arm}: protections in force: {protections}"));
+        let setup = match tool {
             "regrade" => "systemctl start regrade.service",
             "earlyoom" => "systemctl start earlyoom.service",
             "systemd-oomd" => "systemctl start systemd-oomd.service",
             _ => "true",
         };
         g.sh(setup, LONG);
-        if arm == "regrade" {
+        if tool == "regrade" {
             let cfg = g.sh("cat /etc/regrade/regrade.toml", LONG);
             phase(&format!("regrade.service on server1 with {} (every other key default)", keys_set(&cfg)));
             let reads = g.sh("regrade check-config 2>&1 | grep -iE 'source|memory_cgroup|threshold|floor|sustain|cooldown|metric' || true", LONG);
@@ -442,7 +401,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 reads.lines().map(str::trim).collect::<Vec<_>>().join("; ")
             ));
         }
-        if arm == "earlyoom" {
+        if tool == "earlyoom" {
             phase(&format!(
                 "earlyoom: {}",
                 g.sh("cat /etc/default/earlyoom | grep -v '^#' | grep . || true", LONG).trim()
@@ -460,6 +419,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         let avail_mib = g.last_sample().map_or(0, |s| s.avail_kb >> 10);
         let (initial, cap) = (avail_mib.saturating_sub(START_ROOM_MIB), avail_mib + OVERSHOOT_MIB);
         let (console_mark, samples_mark) = (g.console_mark(), g.samples_mark());
+        let member_mark = g.member_lines_mark();
         let probe = Probe::start(admin_kc.clone());
         let t0 = now();
         phase(&format!(
@@ -479,7 +439,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 continue;
             }
             thrash.observe(s.host_t, s.psi, THRESHOLD);
-            if thrash.relief.is_some() && arm == "regrade" {
+            if thrash.relief.is_some() && tool == "regrade" {
                 break;
             }
             if g.console_since(console_mark).iter().any(|(_, l)| l.contains("Kernel panic")) {
@@ -494,7 +454,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         );
         let mut back_full = None;
         // Back to full is waited for only after a step down.
-        let stepped = arm == "regrade" && journal(g, "regrade.service", t0).iter().any(|(_, m, _)| m == "stepping");
+        let stepped = tool == "regrade" && journal(g, "regrade.service", t0).iter().any(|(_, m, _)| m == "stepping");
         if stepped {
             back_full = wait_until(BACK_TO_FULL, async || {
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -513,6 +473,15 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             LONG,
         );
         let mut row = Row { arm: arm.into(), ..Row::default() };
+        row.notes.push(format!("protections in force: {protections}"));
+        let member_lines: Vec<(f64, String)> =
+            g.member_lines_since(member_mark).into_iter().filter(|(t, _)| *t >= t0).collect();
+        let etcd1 = member::from_sampler(&member_lines, now());
+        row.member_distress = etcd1.cell();
+        if !etcd1.stretches.is_empty() {
+            let s: Vec<String> = etcd1.stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - t0)).collect();
+            row.notes.push(format!("server1's member unhealthy from {}", s.join(", ")));
+        }
         let samples: Vec<GuestSample> = g.samples_since(samples_mark).into_iter().filter(|s| s.host_t >= t0).collect();
         let kills = oom_kills(&g.console_since(console_mark));
         let pods = hog_pods(&a2).await;
@@ -552,7 +521,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        row.other_kills = match arm {
+        row.other_kills = match tool {
             "earlyoom" => tool_kills(g, "earlyoom.service", t0, |m| m.contains("sending SIG")),
             "systemd-oomd" => tool_kills(g, "systemd-oomd.service", t0, |m| m.starts_with("Killed ")),
             _ => "-".into(),
@@ -580,7 +549,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         print_timeline(arm, &samples, &kills, t0);
         let first_kill = kills.first().map(|k| k.t);
         let first_k3s_kill = kills.iter().find(|k| is_k3s(&k.name)).map(|k| k.t);
-        if arm == "regrade" {
+        if tool == "regrade" {
             let j = journal(g, "regrade.service", t0);
             let mut steps = Vec::new();
             for (t, m, v) in &j {
@@ -758,8 +727,9 @@ fn print_table(rows: &[Row], g: &Guest) {
         "\n== the incident on a host of its own: server1 a qemu guest ({} MiB, cgroup v2, its own kernel and OOM killer); PSI is the guest's ==",
         guest::GUEST_MIB
     );
-    let fields: [Field; 15] = [
+    let fields: [Field; 16] = [
         ("server1's etcd member", |r| r.member.clone()),
+        ("server1's member through the arm", |r| r.member_distress.clone()),
         ("etcd leader changes", |r| r.leader_changes.clone()),
         ("API write seconds failed or > 1 s", |r| r.bad_write_seconds.clone()),
         ("workload", |r| r.workload.clone()),
@@ -787,4 +757,18 @@ fn print_table(rows: &[Row], g: &Guest) {
         g.clock_offset()
     );
     println!("{out}");
+}
+
+#[test]
+fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
+    assert_eq!((tool("regrade"), protections_off("regrade")), ("regrade", Some(vec![])));
+    assert_eq!(
+        (tool("regrade-without-memory-low"), protections_off("regrade-without-memory-low")),
+        ("regrade", Some(vec!["memory-low"]))
+    );
+    assert_eq!(
+        (tool("systemd-oomd-unprotected"), protections_off("systemd-oomd-unprotected")),
+        ("systemd-oomd", Some(PROTECTIONS.to_vec()))
+    );
+    assert_eq!(protections_off("nothing-without-swap"), None);
 }

@@ -274,7 +274,8 @@ impl DockerActuator {
         let (path, name) = (self.cfg.level_file.display(), &self.cfg.container);
         let put_back = match previous {
             Some(bytes) => write_level_file(&self.cfg.level_file, bytes),
-            None => fsutil::remove_durable(&self.cfg.level_file).with_context(|| format!("removing level file {path}")),
+            None => fsutil::remove_durable(&self.cfg.level_file, "level-file")
+                .with_context(|| format!("removing level file {path}")),
         };
         if let Err(e) = put_back {
             return format!("putting back the previous level file {path} failed too: {e:#}");
@@ -438,7 +439,8 @@ impl Actuator for DockerActuator {
 /// Replaces the level file whole (see [`crate::fsutil`]); the entrypoint reads it at
 /// every start of the container.
 fn write_level_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    fsutil::write_atomic(path, bytes, 0o644).with_context(|| format!("writing level file {}", path.display()))
+    fsutil::write_atomic(path, bytes, 0o644, "level-file")
+        .with_context(|| format!("writing level file {}", path.display()))
 }
 
 #[cfg(test)]

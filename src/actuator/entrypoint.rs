@@ -54,7 +54,7 @@ pub fn run(levels: anyhow::Result<LevelsConfig>, command: &[OsString]) -> anyhow
             (Level::Full, LevelsConfig::default())
         }
     };
-    if let Err(e) = fsutil::write_atomic(&record, format!("{level}\n").as_bytes(), 0o644) {
+    if let Err(e) = fsutil::write_atomic(&record, format!("{level}\n").as_bytes(), 0o644, "start-record") {
         // No record must mean `full` (what the actuator reads), so start at `full`.
         say(&format!("recording the started level in {}: {e:#}; starting k3s at full", record.display()));
         let _ = std::fs::remove_file(&record);
@@ -155,7 +155,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("level");
         assert_eq!(read_level_file(&p).unwrap(), None);
-        fsutil::write_atomic(&p, b"etcd-only\n", 0o644).unwrap();
+        fsutil::write_atomic(&p, b"etcd-only\n", 0o644, "test").unwrap();
         assert_eq!(read_level_file(&p).unwrap(), Some(Level::EtcdOnly));
         std::fs::write(&p, b"etcd-onl\xff").unwrap();
         let e = format!("{:#}", read_level_file(&p).unwrap_err());

@@ -43,20 +43,37 @@ impl HealthUrl {
     }
 
     async fn get(&self) -> anyhow::Result<()> {
-        let mut s = TcpStream::connect(&self.authority).await.context("connecting")?;
-        let req = format!("GET {} HTTP/1.0\r\nHost: {}\r\nAccept: application/json\r\n\r\n", self.path, self.authority);
-        s.write_all(req.as_bytes()).await.context("sending the request")?;
-        let mut buf = Vec::new();
-        s.take(64 * 1024).read_to_end(&mut buf).await.context("reading the answer")?;
-        let text = String::from_utf8_lossy(&buf);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.lines().next().unwrap_or("");
+        let (status, body) = self.fetch(&self.path, 64 * 1024).await?;
+        let body = String::from_utf8_lossy(&body);
         let healthy = body.replace(' ', "").contains("\"health\":\"true\"");
         if status.split_whitespace().nth(1) == Some("200") && healthy {
             Ok(())
         } else {
             bail!("answered {:?}: {}", status, body.trim())
         }
+    }
+
+    /// One GET of `path` on this URL's host and port, unbounded in time (the caller
+    /// bounds it): the status line and at most `limit` bytes of the body. Also how
+    /// `etcd::member` reads the same listener's `/metrics`.
+    pub async fn fetch(&self, path: &str, limit: u64) -> anyhow::Result<(String, Vec<u8>)> {
+        let mut s = TcpStream::connect(&self.authority).await.context("connecting")?;
+        let req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.authority);
+        s.write_all(req.as_bytes()).await.context("sending the request")?;
+        let mut buf = Vec::new();
+        s.take(limit).read_to_end(&mut buf).await.context("reading the answer")?;
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            bail!("answered no complete HTTP head");
+        };
+        let status = String::from_utf8_lossy(&buf[..end]).lines().next().unwrap_or("").to_string();
+        buf.drain(..end + 4);
+        Ok((status, buf))
+    }
+
+    /// The same host and port with another path (etcd serves `/health` and
+    /// `/metrics` on its metrics listener).
+    pub fn path(&self) -> &str {
+        &self.path
     }
 }
 

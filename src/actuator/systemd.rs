@@ -13,6 +13,7 @@
 
 mod dbus;
 pub mod dropin;
+pub mod protections;
 pub mod record;
 
 use std::path::PathBuf;

@@ -286,7 +286,7 @@ pub async fn ensure(s: &MintSettings, now: i64) -> anyhow::Result<Minted> {
     let (token, unbound) = request_token(&eps, &s.node, s.lifetime).await?;
     let policy = policy_state(&eps).await?;
     let claims = TokenClaims::parse(&token).map_err(|e| anyhow::anyhow!("the API server's token: {e}"))?;
-    crate::fsutil::write_atomic(&token_file, token.as_bytes(), 0o600)
+    crate::fsutil::write_atomic(&token_file, token.as_bytes(), 0o600, "credential-token")
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", token_file.display()))?;
     write_if_changed(&s.kubeconfig, &kubeconfig)?;
     Ok(Minted::Renewed { claims, why, unbound, policy })
@@ -405,7 +405,7 @@ fn kubeconfig_text(admin: &Path, node: &str, token_file: &Path) -> anyhow::Resul
 fn write_if_changed(path: &Path, text: &str) -> anyhow::Result<()> {
     let old = crate::fsutil::read_string_if_exists(path).ok().flatten();
     if old.as_deref() != Some(text) {
-        crate::fsutil::write_atomic(path, text.as_bytes(), 0o600)
+        crate::fsutil::write_atomic(path, text.as_bytes(), 0o600, "credential-kubeconfig")
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     Ok(())

@@ -347,7 +347,9 @@ impl Endpoints {
             }
         }
         if let Some(path) = &self.settings.cache {
-            if let Err(e) = crate::fsutil::write_atomic(path, (found.join("\n") + "\n").as_bytes(), 0o644) {
+            if let Err(e) =
+                crate::fsutil::write_atomic(path, (found.join("\n") + "\n").as_bytes(), 0o644, "endpoints-cache")
+            {
                 tracing::warn!(path = %path.display(), error = %e, "could not cache the API endpoints");
             }
         }

@@ -36,10 +36,14 @@ pub enum RefusalKind {
     /// Before a restart of k3s: the local etcd member could not be asked (down, or its
     /// client certificate unreadable).
     EtcdUnavailable,
+    /// The step into `etcd-only` weighed its cost and is held at `control-plane`: the
+    /// drain freed nothing and the local member is already in distress
+    /// (`decide::weigh_etcd_only`; the subject is the cause).
+    EtcdOnlyHeld,
 }
 
 impl RefusalKind {
-    pub const ALL: [RefusalKind; 11] = [
+    pub const ALL: [RefusalKind; 12] = [
         RefusalKind::LeaseHeld,
         RefusalKind::PeerNotReady,
         RefusalKind::PeerSteppedDown,
@@ -51,6 +55,7 @@ impl RefusalKind {
         RefusalKind::EtcdTooFewVoters,
         RefusalKind::EtcdNoQuorum,
         RefusalKind::EtcdUnavailable,
+        RefusalKind::EtcdOnlyHeld,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +71,7 @@ impl RefusalKind {
             RefusalKind::EtcdTooFewVoters => "etcd-too-few-voters",
             RefusalKind::EtcdNoQuorum => "etcd-no-quorum",
             RefusalKind::EtcdUnavailable => "etcd-unavailable",
+            RefusalKind::EtcdOnlyHeld => "etcd-only-held",
         }
     }
 }

@@ -186,7 +186,7 @@ impl<A: AskEtcd> EtcdGate<A> {
         }
         if !self.cache.as_os_str().is_empty() {
             let bytes = serde_json::to_vec(&now).expect("a member cache serializes");
-            if let Err(e) = fsutil::write_atomic(&self.cache, &bytes, 0o600) {
+            if let Err(e) = fsutil::write_atomic(&self.cache, &bytes, 0o600, "etcd-members-cache") {
                 tracing::warn!(error = %e, file = %self.cache.display(), "could not keep the etcd members for later");
             }
         }

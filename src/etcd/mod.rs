@@ -13,10 +13,12 @@
 //! - [`judge`]: the pure judgement (member list + statuses → go or a refusal naming
 //!   the member), table-tested.
 //! - [`gate`]: one look at the cluster through the client, and the after-restart wait.
+//! - [`member`]: the local member's own distress, from its metrics listener.
 
 pub mod client;
 pub mod gate;
 pub mod judge;
+pub mod member;
 pub mod restart;
 
 pub use restart::{NoRestartGate, RestartGate};
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::HumanDuration;
+use crate::units::{ByteSize, HumanDuration};
 
 /// `[etcd]`
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -54,6 +56,21 @@ pub struct EtcdConfig {
     /// the others are asked there. Empty: not kept (a regrade started while its
     /// member is down cannot then ask etcd at all).
     pub members_cache: PathBuf,
+    /// The local member's metrics listener (`/metrics`; `/health` at the same host and
+    /// port), which k3s's embedded etcd serves without TLS. Empty: not looked at.
+    pub metrics_url: String,
+    /// How often `watch` looks at it (each request bounded by `request_timeout`).
+    pub metrics_interval: HumanDuration,
+    /// The step into `etcd-only` may be held at `control-plane` by its cost
+    /// (docs/behaviour.md, "Decision rules"). `false`: never held.
+    pub hold_at_control_plane: bool,
+    /// The drain into `control-plane` "freed nothing" when available memory rose by
+    /// less than this since that step was decided.
+    pub drain_freed_at_least: ByteSize,
+    /// The member is in distress at a WAL fsync p99 at or over this ...
+    pub wal_fsync_p99_limit: HumanDuration,
+    /// ... or at a backend commit p99 at or over this.
+    pub backend_commit_p99_limit: HumanDuration,
 }
 
 /// Where k3s keeps etcd's certificates.
@@ -70,6 +87,17 @@ impl Default for EtcdConfig {
             max_raft_lag: 1000,
             catch_up_timeout: HumanDuration(Duration::from_secs(300)),
             members_cache: PathBuf::from("/var/lib/regrade/etcd-members.json"),
+            metrics_url: "http://127.0.0.1:2381/metrics".into(),
+            metrics_interval: HumanDuration(Duration::from_secs(10)),
+            hold_at_control_plane: true,
+            drain_freed_at_least: ByteSize(64 << 20),
+            // 1 s: etcd's own "slow fdatasync" warning and its default election timeout;
+            // past it, raft cannot keep up. Not lower: a busy shared disk or an SD card
+            // gives 0.1–0.3 s p99 with a member that serves (regrade's own fsyncs waited
+            // 0.1–0.3 s under the incident's thrash, docs/incident.md, and a healthy
+            // rig member here 0.24 s under other tests' load), where the restart finishes.
+            wal_fsync_p99_limit: HumanDuration(Duration::from_secs(1)),
+            backend_commit_p99_limit: HumanDuration(Duration::from_secs(1)),
         }
     }
 }
@@ -91,10 +119,37 @@ impl EtcdConfig {
         if self.catch_up_timeout.0.is_zero() {
             anyhow::bail!("etcd.catch_up_timeout must be more than 0");
         }
+        if let Some(url) = self.metrics_url() {
+            url?;
+            if self.metrics_interval.0 < Duration::from_secs(1) {
+                anyhow::bail!("etcd.metrics_interval must be at least 1s (each look reads etcd's whole /metrics)");
+            }
+        }
+        if self.wal_fsync_p99_limit.0.is_zero() || self.backend_commit_p99_limit.0.is_zero() {
+            anyhow::bail!("etcd.wal_fsync_p99_limit and etcd.backend_commit_p99_limit must be more than 0");
+        }
         if self.max_raft_lag == 0 {
             anyhow::bail!("etcd.max_raft_lag must be at least 1 (a follower is always a few entries behind)");
         }
         Ok(())
+    }
+}
+
+impl EtcdConfig {
+    /// `metrics_url` parsed; `None` when empty (not looked at).
+    pub fn metrics_url(&self) -> Option<anyhow::Result<crate::actuator::etcd_health::HealthUrl>> {
+        (!self.metrics_url.is_empty())
+            .then(|| crate::actuator::etcd_health::HealthUrl::parse("etcd.metrics_url", &self.metrics_url))
+    }
+
+    /// The core's weighing of the step into `etcd-only` (`decide::weigh_etcd_only`).
+    pub fn etcd_only_cost(&self) -> crate::decide::EtcdOnlyCost {
+        crate::decide::EtcdOnlyCost {
+            hold: self.hold_at_control_plane,
+            drain_freed_at_least: self.drain_freed_at_least.0,
+            wal_fsync_p99_limit: self.wal_fsync_p99_limit.0,
+            backend_commit_p99_limit: self.backend_commit_p99_limit.0,
+        }
     }
 }
 
@@ -118,6 +173,13 @@ mod tests {
         assert!(bad("endpoints = [\"http://127.0.0.1:2379\"]").contains("etcd.endpoints"));
         assert!(bad("max_raft_lag = 0").contains("etcd.max_raft_lag"));
         assert!(bad("request_timeout = \"0s\"").contains("etcd.request_timeout"));
+        assert!(bad("metrics_url = \"https://127.0.0.1:2381/metrics\"").contains("etcd.metrics_url"));
+        assert!(bad("metrics_url = \"http://127.0.0.1/metrics\"").contains("etcd.metrics_url"));
+        assert!(bad("metrics_interval = \"500ms\"").contains("etcd.metrics_interval"));
+        assert!(bad("wal_fsync_p99_limit = \"0s\"").contains("etcd.wal_fsync_p99_limit"));
+        toml::from_str::<EtcdConfig>("metrics_url = \"\"").unwrap().validate().unwrap();
+        assert_eq!(d.metrics_url, "http://127.0.0.1:2381/metrics");
+        assert_eq!(d.drain_freed_at_least.0, 64 << 20);
         assert!(toml::from_str::<EtcdConfig>("endpoint = []").unwrap_err().to_string().contains("endpoint"));
     }
 }

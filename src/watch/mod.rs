@@ -55,6 +55,12 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
             tokio::spawn(metrics::serve(listener, &METRICS, max_age));
             tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
         }
+        if let Some(url) = cfg.etcd.metrics_url() {
+            // Its own task: a hung etcd stalls only its looks, never a sample.
+            let state_file = (mode == Mode::Act).then(|| cfg.state_file.clone());
+            let (every, timeout) = (cfg.etcd.metrics_interval.0, cfg.etcd.request_timeout.0);
+            tokio::spawn(crate::etcd::member::run(url?, every, timeout, state_file));
+        }
         let backend = match mode {
             Mode::DryRun => backend::dry_run(cfg).await,
             Mode::Act => backend::real(cfg).await?,
@@ -273,7 +279,7 @@ impl<'a> Watcher<'a> {
         // The step first, then the hold: the switch-time check writes its hold first,
         // then reads this, so one of the two always sees the other.
         self.ticker.set_stepping(Some(step.to));
-        let outcome = match self.switch_hold() {
+        let outcome = match self.etcd_only_held(step).or_else(|| self.switch_hold()) {
             Some(refusal) => Outcome::Refused(refusal),
             None => match self.keeper.lock_steps() {
                 Ok(Ok(_lock)) if self.keeper.moved_on_disk() => {
@@ -327,6 +333,14 @@ impl<'a> Watcher<'a> {
             self.pending = Pending::Marks;
             self.backoff = Backoff::now();
         }
+    }
+
+    /// The step into `etcd-only` weighed against its cost, with the local member's last
+    /// look if it is fresh (three looks' worth).
+    fn etcd_only_held(&self, step: &Step) -> Option<crate::cluster::Refusal> {
+        let etcd = &self.cfg.etcd;
+        let member = crate::etcd::member::fresh_signals(etcd.metrics_interval.0 * 3 + etcd.request_timeout.0 * 2);
+        self.ticker.etcd_only_held(step, &etcd.etcd_only_cost(), &member)
     }
 
     /// A hold left by the NixOS switch-time check (`crate::hold`): no step starts while
@@ -781,6 +795,56 @@ mod tests {
             etcd: Box::new(crate::etcd::NoRestartGate),
         };
         (backend, shared)
+    }
+
+    /// The step into etcd-only weighs its cost: after a drain into control-plane that
+    /// freed nothing, with the local member unhealthy, it is refused as `etcd-only-held`
+    /// naming why; with the member well, or once the drain's effect shows (available
+    /// memory up by more than `etcd.drain_freed_at_least`), it runs. The member's look
+    /// is passed to the ticker here rather than published in `etcd::member::MEMBER`, a
+    /// process-wide value other tests read.
+    #[test]
+    fn the_step_into_etcd_only_is_held_while_the_drain_freed_nothing_and_the_member_is_unhealthy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+            .unwrap();
+        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap(); // 100 MiB
+        let cfg = Config::parse(&format!(
+            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
+             mem_available_floor = \"512MiB\"\nsustain = \"1s\"\nsample_period = \"1s\"\n[etcd]\nmetrics_url = \"\"\n",
+            dir.path().join("state.json"),
+            dir.path().join("level.json"),
+        ))
+        .unwrap();
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let (backend, level) = backend_with(Level::Full, FakeCluster::default());
+        let into_etcd_only =
+            Step { direction: crate::decide::Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+        let unhealthy = crate::decide::MemberSignals { healthy: Some(false), ..Default::default() };
+        let well = crate::decide::MemberSignals { healthy: Some(true), ..Default::default() };
+        let cost = cfg.etcd.etcd_only_cost();
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            assert_eq!(w.ticker.tick(Duration::ZERO).unwrap(), None);
+            let into_cp = w.ticker.tick(Duration::from_secs(1)).unwrap().expect("over for sustain: step down");
+            w.step(Duration::from_secs(1), &into_cp, &StepClock::start()).await;
+            let state = std::fs::read_to_string(dir.path().join("state.json")).unwrap();
+            assert_eq!(level.get(), Level::ControlPlane, "{state}");
+            // The drain freed nothing (still 100 MiB) and the member is unhealthy: held.
+            w.ticker.tick(Duration::from_secs(2)).unwrap();
+            let held = w.ticker.etcd_only_held(&into_etcd_only, &cost, &unhealthy).expect("held");
+            assert_eq!((held.kind.as_str(), held.subject.as_str()), ("etcd-only-held", "member-in-distress"));
+            assert!(held.message.contains("freed 0 MiB") && held.message.contains("not healthy"), "{}", held.message);
+            // A well member: go on, whatever the floor.
+            assert!(w.ticker.etcd_only_held(&into_etcd_only, &cost, &well).is_none());
+            // The drain's effect shows (100 MiB more than at the decision): go on.
+            std::fs::write(&mem, "MemAvailable: 204800 kB\n").unwrap();
+            w.ticker.tick(Duration::from_secs(3)).unwrap();
+            assert!(w.ticker.etcd_only_held(&into_etcd_only, &cost, &unhealthy).is_none());
+            w.step(Duration::from_secs(3), &into_etcd_only, &StepClock::start()).await;
+            assert_eq!(level.get(), Level::EtcdOnly, "the step goes on");
+        });
     }
 
     /// The NixOS switch-time check's hold: while it is active a proposed step is refused

@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use super::Mode;
 use crate::config::Config;
-use crate::decide::{Reading, Settings, State, Step};
+use crate::decide::{
+    weigh_etcd_only, Direction, EtcdOnlyCost, HeldBecause, MemberSignals, Reading, Settings, State, Step,
+};
 use crate::level::Level;
 use crate::metrics::METRICS;
 use crate::notify::Notifier;
@@ -37,6 +39,13 @@ pub struct Ticker {
     /// after a calm one.
     last_reading: Option<Reading>,
     wall_origin: SystemTime,
+    /// Available memory at the last good sample, and at the sample that proposed the
+    /// step under way.
+    last_available: Option<u64>,
+    available_at_decision: Option<u64>,
+    /// Available memory when the step into `control-plane` that holds now was decided:
+    /// what its drain freed is measured from it (`decide::weigh_etcd_only`).
+    drain_baseline: Option<u64>,
 }
 
 impl Ticker {
@@ -54,6 +63,9 @@ impl Ticker {
             dirty: true,
             last_reading: None,
             wall_origin: SystemTime::now(),
+            last_available: None,
+            available_at_decision: None,
+            drain_baseline: None,
         }
     }
 
@@ -88,6 +100,7 @@ impl Ticker {
             }
         };
         self.good_samples += 1;
+        self.last_available = Some(sample.mem_available);
         let reading = self.settings.classify(&sample);
         let pressure = sample.metric(self.settings.metric);
         let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
@@ -119,6 +132,7 @@ impl Ticker {
             );
         }
         if let Some(step) = &proposed {
+            self.available_at_decision = Some(sample.mem_available);
             tracing::info!(
                 level = %step.from, to = %step.to, pressure, available = sample.mem_available,
                 decision = step.direction.action(), "stepping"
@@ -161,6 +175,11 @@ impl Ticker {
                 *level
             }
         };
+        self.drain_baseline = match (level, outcome) {
+            (Level::ControlPlane, Outcome::Done) if step.direction == Direction::Down => self.available_at_decision,
+            (Level::ControlPlane, _) => self.drain_baseline,
+            _ => None,
+        };
         self.state.step_ran(t, level);
         self.published.refusal = None;
         self.published.last_step = Some(LastStep {
@@ -176,6 +195,29 @@ impl Ticker {
         self.dirty = true;
         self.publish();
         false
+    }
+
+    /// Whether the step into `etcd-only` is held at `control-plane` by its cost
+    /// (`decide::weigh_etcd_only`), as a refusal naming why: the step is proposed again
+    /// next sample and weighed again then.
+    pub(super) fn etcd_only_held(
+        &self,
+        step: &Step,
+        cost: &EtcdOnlyCost,
+        member: &MemberSignals,
+    ) -> Option<crate::cluster::Refusal> {
+        // No sample yet: nothing to weigh (watch proposes steps only from a sample).
+        let available = self.last_available?;
+        let freed = self.drain_baseline.map(|b| available as i64 - b as i64);
+        let held = weigh_etcd_only(cost, step, freed, member)?;
+        let subject = match held.why {
+            HeldBecause::MemberInDistress(_) => "member-in-distress",
+        };
+        Some(crate::cluster::Refusal {
+            kind: crate::cluster::RefusalKind::EtcdOnlyHeld,
+            subject: subject.to_string(),
+            message: held.to_string(),
+        })
     }
 
     /// Publishes the step about to start (or, `None`, that none is), at once.

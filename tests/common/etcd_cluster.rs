@@ -125,6 +125,11 @@ impl EtcdCluster {
         format!("https://{}:2379", self.ip(n))
     }
 
+    /// Member `n`'s metrics listener (`/metrics`), as `etcd.metrics_url` names it.
+    pub fn metrics_url(&self, n: usize) -> String {
+        format!("http://{}:2381/metrics", self.ip(n))
+    }
+
     pub fn peer_url(&self, n: usize) -> String {
         format!("http://{}:2380", self.ip(n))
     }
@@ -142,6 +147,8 @@ impl EtcdCluster {
             .args(["--name", self.name(n), "--data-dir", d.join(format!("data{n}")).to_str().unwrap()])
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            // k3s serves /metrics and /health without TLS on its own listener.
+            .args(["--listen-metrics-urls", &format!("http://{}:2381", self.ip(n))])
             .args(["--initial-cluster", initial, "--initial-cluster-state", state, "--initial-cluster-token", "gate"])
             .args(["--client-cert-auth", "--trusted-ca-file", d.join("server-ca.crt").to_str().unwrap()])
             .args(["--cert-file", d.join(format!("server{n}.crt")).to_str().unwrap()])

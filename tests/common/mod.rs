@@ -82,6 +82,26 @@ fn rig(script: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rig").join(script)
 }
 
+/// Runs a rig's build script (`tests/rig/build.sh`, `tests/vm/image.sh`, …; each a
+/// no-op when what it builds is cached) and returns the directory its last stdout line
+/// names. Its progress goes to the test's stderr.
+#[allow(dead_code)]
+pub fn built(script: &str) -> PathBuf {
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    assert!(out.status.success(), "{script} failed");
+    PathBuf::from(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("{script} printed nothing"))
+            .trim(),
+    )
+}
+
 /// Whether the env var `gate` is `1`; else says on stderr that `test` was skipped
 /// and what setting `gate` would run it against (`needs`).
 pub fn gate_open(gate: &str, test: &str, needs: &str) -> bool {
@@ -103,9 +123,7 @@ pub fn start_with(test: &str, args: &[&str]) -> Option<Harness> {
     if !gate_open(GATE, test, "a real kube-apiserver from tests/rig") {
         return None;
     }
-    let build = Command::new(rig("build.sh")).stderr(Stdio::inherit()).output().expect("running tests/rig/build.sh");
-    assert!(build.status.success(), "tests/rig/build.sh failed");
-    let bin_dir = PathBuf::from(String::from_utf8(build.stdout).unwrap().lines().last().expect("bin dir").trim());
+    let bin_dir = built("tests/rig/build.sh");
     let mut child = Command::new(rig("kube-harness.sh"))
         .args(args)
         .stdout(Stdio::piped())

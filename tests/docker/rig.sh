@@ -62,10 +62,14 @@ running() {
   [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
 }
 
+# Set by start_dockerd when it started the engine (rather than finding it running).
+started_now=0
+
 start_dockerd() {
   if running && "${docker[@]}" version >/dev/null 2>&1; then
     return
   fi
+  started_now=1
   mkdir -p "$state/data" "$state/exec"
   say "starting dockerd on $sock (log $log)"
   # setsid: dockerd outlives this script and is not in the caller's process group.
@@ -128,6 +132,17 @@ case "${1:-}" in
   up)
     install_packages
     start_dockerd
+    # A freshly started engine brings back the containers an aborted run left (they
+    # have a restart policy) and they would hold their addresses: remove them. An
+    # engine found running belongs to a test in progress: leave its containers.
+    if [ "$started_now" = 1 ]; then
+      left="$("${docker[@]}" ps -aq)"
+      if [ -n "$left" ]; then
+        say "removing $(wc -w <<<"$left") container(s) an earlier run left"
+        # shellcheck disable=SC2086
+        "${docker[@]}" rm -f $left >/dev/null
+      fi
+    fi
     # run.sh builds it first (REGRADE_STATIC_BIN); a cargo started from a test
     # process sees another environment and could rebuild for nothing.
     static_bin="${REGRADE_STATIC_BIN:-}"
@@ -144,6 +159,9 @@ case "${1:-}" in
     ;;
   down)
     stop_dockerd
+    # dockerd leaves its default network namespace mounted under its exec-root; a
+    # mount there would keep the cache from being removed (rm: Device or resource busy).
+    umount "$state/exec/netns/default" 2>/dev/null || true
     ;;
   *)
     say "usage: rig.sh up | restart-dockerd | down"

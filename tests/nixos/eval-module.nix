@@ -56,6 +56,7 @@
     };
     runCommand = name: env: text: stubDrv name {inherit env text;};
     writeShellScript = name: text: stubDrv name {inherit text;};
+    writeText = name: text: stubDrv name {inherit text;};
     coreutils = stubDrv "coreutils" {};
     regrade = stubDrv "regrade-0.1.0" {};
     k3s = stubDrv "k3s" {};
@@ -241,6 +242,16 @@
               type = types.attrsOf unitOption;
               default = {};
             };
+          };
+        });
+      };
+      # nixos/lib/systemd-unit-options.nix's slice options, as far as the module sets them.
+      systemd.slices = mkOption {
+        default = {};
+        type = types.attrsOf (types.submodule {
+          options.sliceConfig = mkOption {
+            type = types.attrsOf unitOption;
+            default = {};
           };
         });
       };
@@ -573,6 +584,29 @@ in {
       preSwitchCheck = vmServer1Off.system.preSwitchChecks ? regrade-not-below-full;
       k3sUnchanged = vmServer1Off.systemd.services.k3s.serviceConfig == vmServer1.systemd.services.k3s.serviceConfig;
     };
+  };
+  # services.regrade.protect: on by default, on k3s.service and system.slice whether
+  # regrade is on or off; each lever off by itself with null.
+  protect = let
+    k3sUnit = c: c.systemd.services.k3s.serviceConfig;
+    levers = c: {
+      memoryLow = (k3sUnit c).MemoryLow or null;
+      sliceMemoryLow = c.systemd.slices.system.sliceConfig.MemoryLow or null;
+      oomScoreAdjust = (k3sUnit c).OOMScoreAdjust or null;
+      reserved = lib.filter (lib.hasInfix "40-regrade-reserved.yaml") c.systemd.tmpfiles.rules;
+    };
+    off = eval {
+      services.regrade.protect = {
+        memoryLow = null;
+        oomScoreAdjust = null;
+        systemReservedMemory = null;
+      };
+    };
+  in {
+    enabled = levers enabled;
+    disabled = levers disabled;
+    off = levers off;
+    reservedText = lib.head (lib.filter (lib.hasInfix "40-regrade-reserved.yaml") enabled.systemd.tmpfiles.rules);
   };
   # Turning regrade off must leave k3s.service's definition exactly as it was.
   k3sUnitUnchangedWhenDisabled =

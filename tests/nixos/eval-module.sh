@@ -82,6 +82,12 @@ for rule, held in sorted(d["libSemantics"].items()):
 check(en["failingAssertions"] == [], "enabled server: no assertion fails")
 check(dis["failingAssertions"] == [], "disabled server: no assertion fails")
 check(d["k3sUnitUnchangedWhenDisabled"], "k3s.service is defined identically with regrade on and off")
+p = d["protect"]
+check(p["enabled"]["memoryLow"] == "512M" and p["enabled"]["sliceMemoryLow"] == "512M" and p["enabled"]["oomScoreAdjust"] == -999 and len(p["enabled"]["reserved"]) == 1,
+      f"the static protections are on by default (k3s.service MemoryLow, system.slice MemoryLow, OOMScoreAdjust, the reserved-memory drop-in): {p['enabled']}")
+check(p["disabled"] == p["enabled"], "the static protections stay with regrade off (k3s.service unchanged)")
+check(p["off"] == {"memoryLow": None, "sliceMemoryLow": None, "oomScoreAdjust": None, "reserved": []}, f"each protection off with null: {p['off']}")
+check(p["reservedText"].startswith("L+ ") and "/config.yaml.d/40-regrade-reserved.yaml" in p["reservedText"], f"the reserved-memory drop-in is linked into k3s's config.yaml.d: {p['reservedText']}")
 pre = en["units"]["k3s"]["serviceConfig"]["ExecStartPre"]
 check(len(pre) == 1 and pre[0].startswith("-/nix/store/"), "k3s ExecStartPre is one '-'-prefixed hook: %s" % pre)
 svc = en["units"]["regrade"]["serviceConfig"]

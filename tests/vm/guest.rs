@@ -4,8 +4,9 @@
 //! - Disks: a qcow2 overlay on the cached image (tests/vm/image.sh), so the image stays
 //!   as built; and this run's seed (binaries, configuration, address) as an ext4 image.
 //!   Both opened `cache=none`: the guest's writes bypass the host's page cache, and what
-//!   the guest has not flushed can be lost when qemu is SIGKILLed — a power cut (the
-//!   lane issue 41's cuts will run in). Not `directsync`: that makes every write durable
+//!   the guest has not flushed can be lost when qemu is SIGKILLed — a power cut
+//!   ([`Guest::power_cut`]; [`Guest::boot_again`] boots the same disks, as
+//!   tests/vm_power_cuts.rs does). Not `directsync`: that makes every write durable
 //!   as it completes, a disk without a volatile cache, which hides the reordering a
 //!   real disk's cache allows before a flush.
 //! - Network: `-nodefaults` (no user-mode NIC) and one virtio NIC on the tap `tap-vm1`,
@@ -21,11 +22,13 @@
 //!   SIGKILL of the test), at [`Guest::boot`]'s time bound, and on drop (a panic too);
 //!   `sweep` removes what a killed run left.
 
+#![allow(dead_code)] // tests/vm_incident.rs and tests/vm_power_cuts.rs each use their part
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,14 +117,24 @@ impl<T: Clone> Feed<T> {
 }
 
 pub struct Guest {
-    /// Host time qemu was started.
+    /// Host time qemu was last started.
     pub started: f64,
-    child: Child,
+    /// qemu; `None` between a power cut and the next boot.
+    child: Option<Child>,
+    /// qemu's command line, the same at every boot.
+    args: Vec<String>,
     dir: PathBuf,
     cgroup: PathBuf,
     console: Arc<Feed<(f64, String)>>,
+    /// console.log, every boot's lines.
+    log: std::fs::File,
     samples: Arc<Feed<GuestSample>>,
+    /// The sampler's lines about server1's etcd member (`H …`, `M …`), with the host's
+    /// time of arrival (tests/incident/member.rs reads them).
+    member_lines: Arc<Feed<(f64, String)>>,
     qga: Mutex<Option<Qga>>,
+    /// The running qemu's PID (0: none), for the time bound's thread.
+    pid: Arc<AtomicI32>,
     bound_hit: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
 }
@@ -135,13 +148,15 @@ pub struct Exec {
 
 impl Guest {
     /// Boots the guest from `image` (tests/vm/image.sh's directory) with the seed tree
-    /// `seed` (made into a disk here), under `dir`, killed after `bound`. Returns once
-    /// qemu runs; [`Guest::wait_console`] waits for the boot's lines.
+    /// `seed` (made into a disk here), under `dir`, killed after `bound` (from this
+    /// first boot, across [`Guest::boot_again`]). `cmdline` is added to the kernel's
+    /// command line. Returns once qemu runs; [`Guest::wait_console`] waits for the
+    /// boot's lines.
     ///
     /// Call from a thread inside the rig's hub namespace that lives as long as the
     /// guest: the tap is there, and PR_SET_PDEATHSIG fires when the thread that
     /// spawned qemu ends.
-    pub fn boot(image: &Path, seed: &Path, dir: &Path, bound: Duration) -> Guest {
+    pub fn boot(image: &Path, seed: &Path, dir: &Path, bound: Duration, cmdline: &str) -> Guest {
         std::fs::create_dir_all(dir).unwrap();
         let overlay = dir.join("server1.qcow2");
         let base = image.join("disk.img");
@@ -161,6 +176,9 @@ impl Guest {
         let (qga, samples_sock) = (dir.join("qga.sock"), dir.join("samples.sock"));
         let drive = |f: &Path, fmt: &str| format!("file={},if=virtio,cache=none,format={fmt}", f.display());
         let chardev = |id: &str, p: &Path| format!("socket,id={id},path={},server=on,wait=off", p.display());
+        let append = format!(
+            "console=ttyS0 root=/dev/vda rw net.ifnames=0 loglevel=4 systemd.show_status=error panic=-1 {cmdline}"
+        );
         let args: Vec<String> = [
             "-name",
             "regrade-vm-server1",
@@ -185,7 +203,7 @@ impl Guest {
             "-initrd",
             image.join("initrd.img").to_str().unwrap(),
             "-append",
-            "console=ttyS0 root=/dev/vda rw net.ifnames=0 loglevel=4 systemd.show_status=error panic=-1",
+            append.trim_end(),
             "-drive",
             &drive(&overlay, "qcow2"),
             "-drive",
@@ -208,22 +226,63 @@ impl Guest {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        // The shell puts itself into qemu's memory cgroup, then becomes qemu.
-        let sh = format!("echo $$ > {}/cgroup.procs && exec qemu-system-x86_64 \"$@\"", cgroup.display());
-        let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c").arg(sh).arg("qemu").args(&args);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        super::shared::dies_with_us(&mut cmd);
-        let started = super::now();
-        let mut child = cmd.spawn().expect("starting qemu-system-x86_64");
-        std::fs::write(dir.join("qemu.pid"), child.id().to_string()).unwrap();
-
         let console: Arc<Feed<(f64, String)>> = Arc::default();
         let log = std::fs::File::create(dir.join("console.log")).unwrap();
+        let mut g = Guest {
+            started: 0.0,
+            child: None,
+            args,
+            dir: dir.to_path_buf(),
+            cgroup,
+            console,
+            log,
+            samples: Arc::default(),
+            member_lines: Arc::default(),
+            qga: Mutex::new(None),
+            pid: Arc::new(AtomicI32::new(0)),
+            bound_hit: Arc::new(AtomicBool::new(false)),
+            done: Arc::new(AtomicBool::new(false)),
+        };
+        g.start_qemu();
+        // The time bound: qemu SIGKILLed, and the test fails at its next wait.
+        let (hit, stop, pid) = (Arc::clone(&g.bound_hit), Arc::clone(&g.done), Arc::clone(&g.pid));
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while t0.elapsed() < bound {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            hit.store(true, Ordering::SeqCst);
+            eprintln!("vm: the guest ran past its bound of {} s: killing qemu", bound.as_secs());
+            let p = pid.load(Ordering::SeqCst);
+            if p > 0 {
+                // SAFETY: kills the qemu this guest started last (its PID is still ours:
+                // it is reaped only by a power cut, which sets 0 first, or on drop).
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+        });
+        g
+    }
+
+    /// Starts qemu on the guest's disks, as they are: its console and sampler lines go
+    /// on into the same feeds (a mark taken before a power cut still counts on).
+    fn start_qemu(&mut self) {
+        // The shell puts itself into qemu's memory cgroup, then becomes qemu.
+        let sh = format!("echo $$ > {}/cgroup.procs && exec qemu-system-x86_64 \"$@\"", self.cgroup.display());
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(sh).arg("qemu").args(&self.args);
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        super::shared::dies_with_us(&mut cmd);
+        self.started = super::now();
+        let mut child = cmd.spawn().expect("starting qemu-system-x86_64");
+        std::fs::write(self.dir.join("qemu.pid"), child.id().to_string()).unwrap();
+        self.pid.store(child.id() as i32, Ordering::SeqCst);
         for stream in
             [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())]
         {
-            let (console, mut log) = (Arc::clone(&console), log.try_clone().unwrap());
+            let (console, mut log) = (Arc::clone(&self.console), self.log.try_clone().unwrap());
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
                     let line = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
@@ -232,8 +291,8 @@ impl Guest {
                 }
             });
         }
-        let samples: Arc<Feed<GuestSample>> = Arc::default();
-        let feed = Arc::clone(&samples);
+        let samples_sock = self.dir.join("samples.sock");
+        let (feed, member_feed) = (Arc::clone(&self.samples), Arc::clone(&self.member_lines));
         std::thread::spawn(move || {
             // qemu makes the socket at its start; the guest writes once its sampler runs.
             let t0 = Instant::now();
@@ -247,36 +306,34 @@ impl Guest {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 if let Some(s) = GuestSample::parse(super::now(), &line) {
                     feed.push(s);
+                } else if line.starts_with("H ") || line.starts_with("M ") {
+                    member_feed.push((super::now(), line));
                 }
             }
         });
-        // The time bound: qemu SIGKILLed, and the test fails at its next wait.
-        let (bound_hit, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let (hit, stop, pid) = (Arc::clone(&bound_hit), Arc::clone(&done), child.id() as i32);
-        std::thread::spawn(move || {
-            let t0 = Instant::now();
-            while t0.elapsed() < bound {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            hit.store(true, Ordering::SeqCst);
-            eprintln!("vm: the guest ran past its bound of {} s: killing qemu", bound.as_secs());
-            // SAFETY: kills the qemu this guest started (its PID is still ours: not yet reaped).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        });
-        Guest {
-            started,
-            child,
-            dir: dir.to_path_buf(),
-            cgroup,
-            console,
-            samples,
-            qga: Mutex::new(None),
-            bound_hit,
-            done,
+        self.child = Some(child);
+    }
+
+    /// Cuts the guest's power: qemu SIGKILLed at once. Its disks stay as they are:
+    /// what the guest flushed (cache=none: see the module documentation), and nothing
+    /// of its page cache. [`Guest::boot_again`] boots the same disks.
+    pub fn power_cut(&mut self) {
+        self.pid.store(0, Ordering::SeqCst);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
+        *self.qga.lock().unwrap() = None;
+        let _ = writeln!(self.log, "{:.3} ---- power cut ----", super::now());
+    }
+
+    /// Boots the guest again from the same disks (after [`Guest::power_cut`]), from the
+    /// same thread as [`Guest::boot`]; returns once qemu runs. Console marks taken
+    /// before still count: wait for `regrade-vm: booted` from a mark taken before this.
+    pub fn boot_again(&mut self) {
+        assert!(self.child.is_none(), "boot_again: the guest still runs (power_cut first)");
+        assert!(!self.bound_hit.load(Ordering::SeqCst), "boot_again: the guest ran past its bound");
+        self.start_qemu();
     }
 
     /// Waits for a console line containing `needle`, from line `from` on; its host time
@@ -293,6 +350,16 @@ impl Guest {
 
     pub fn console_since(&self, mark: usize) -> Vec<(f64, String)> {
         let items = self.console.items.lock().unwrap();
+        items[mark.min(items.len())..].to_vec()
+    }
+
+    pub fn member_lines_mark(&self) -> usize {
+        self.member_lines.items.lock().unwrap().len()
+    }
+
+    /// The sampler's `H`/`M` lines from `mark` on: (host time of arrival, line).
+    pub fn member_lines_since(&self, mark: usize) -> Vec<(f64, String)> {
+        let items = self.member_lines.items.lock().unwrap();
         items[mark.min(items.len())..].to_vec()
     }
 
@@ -382,8 +449,11 @@ impl Guest {
     /// Kills qemu at once (a power cut) and removes its cgroup and files.
     fn kill(&mut self) {
         self.done.store(true, Ordering::SeqCst);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.pid.store(0, Ordering::SeqCst);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         remove_cgroup(&self.cgroup);
     }
 }

@@ -7,9 +7,10 @@
 # udev, kmod, iproute2, procps, python3 (the workload and the sampler), earlyoom and
 # systemd-oomd (installed, not running: their arms start them), qemu-guest-agent (the
 # test's command channel); the stand-ins' units (tests/vm/guest), and regrade's units
-# installed from packaging/systemd as a user installs them. Binaries and this run's
-# configuration are not in it: they come on a second disk, the seed (tests/vm_incident.rs),
-# linked from /usr/local/bin. A 600 MiB file of random bytes, the workload's data, is.
+# installed from packaging/systemd as a user installs them (every k3s.service and
+# system.slice drop-in there too). Binaries and this run's configuration are not in
+# it: they come on a second disk, the seed (tests/vm_incident.rs), linked from
+# /usr/local/bin. A 600 MiB file of random bytes, the workload's data, is.
 #
 # Keyed by its inputs (the rootfs, the package list, every file copied in, this
 # script): a changed input builds a new image. Last stdout line: the image directory
@@ -30,7 +31,8 @@ command -v mkfs.ext4 >/dev/null || { log "needs mkfs.ext4 (e2fsprogs)"; exit 1; 
 rootfs="$("$repo/tests/nspawn/rootfs.sh" | tail -n1)"
 inputs=(
   "$here/image.sh" "$here"/guest/* "$repo/packaging/systemd/regrade.service"
-  "$repo/packaging/systemd/k3s.service.d/regrade.conf" "$repo/tests/incident/hog.py"
+  "$repo/packaging/systemd/k3s.service.d/"*.conf "$repo/packaging/systemd/system.slice.d/"*.conf
+  "$repo/tests/incident/hog.py"
 )
 key="$( { echo "$rootfs $packages $data_mib $disk_mib v1"; cat "${inputs[@]}"; } | sha256sum | cut -c1-12)"
 out="$cache/vm-image-$key"
@@ -76,7 +78,12 @@ for u in k3s.service kubelet-standin.service vm-seed.service vm-sampler.service 
 done
 # regrade as packaging/systemd/README.md installs it (started by the test in its arm).
 cp "$repo/packaging/systemd/regrade.service" "$sys/regrade.service"
-cp "$repo/packaging/systemd/k3s.service.d/regrade.conf" "$sys/k3s.service.d/regrade.conf"
+# Every k3s.service drop-in packaging/ ships (regrade's, and the protections for k3s),
+# and system.slice's (cgroup v2 honours k3s.service's MemoryLow only within its
+# parent's).
+mkdir -p "$sys/system.slice.d"
+cp "$repo/packaging/systemd/k3s.service.d/"*.conf "$sys/k3s.service.d/"
+cp "$repo/packaging/systemd/system.slice.d/"*.conf "$sys/system.slice.d/"
 cp "$here/guest/kubepods-oomd.conf" "$sys/kubepods.slice.d/50-oomd.conf"
 for b in regrade k3s-standin kube-apiserver kubelet-standin; do ln -sf "/seed/bin/$b" "$tree/usr/local/bin/$b"; done
 ln -sf k3s-standin "$tree/usr/local/bin/k3s"

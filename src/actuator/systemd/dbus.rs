@@ -19,6 +19,7 @@ const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+const SERVICE: &str = "org.freedesktop.systemd1.Service";
 
 /// What a unit is doing now, read fresh (never from a property cache).
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +42,18 @@ impl std::fmt::Display for UnitState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ActiveState={} SubState={}", self.active, self.sub)
     }
+}
+
+/// A service's static protections as systemd has them (`MemoryLow=`, `MemoryMin=`:
+/// bytes, 0 unset; `OOMScoreAdjust=`), its main process and its cgroup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitProtection {
+    pub memory_low: u64,
+    pub memory_min: u64,
+    pub oom_score_adjust: i32,
+    pub main_pid: u32,
+    /// The cgroup's path below the cgroup root, e.g. `/system.slice/k3s.service`.
+    pub control_group: String,
 }
 
 /// How many times a call that failed transiently is made in all.
@@ -173,6 +186,23 @@ impl Systemd {
     {
         let value = all.remove(name).with_context(|| format!("{}'s properties lack {name}", self.unit))?;
         T::try_from(value).map_err(|e| anyhow::anyhow!("{}'s {name}: {}", self.unit, e.into()))
+    }
+
+    /// The service's memory protection, OOM score and main process, from one
+    /// `Properties.GetAll` (`regrade status`, "protections").
+    pub async fn protection(&self) -> anyhow::Result<UnitProtection> {
+        let path = self.unit_path().await?;
+        let mut all: HashMap<String, OwnedVariant> = self
+            .call(path.as_str(), PROPERTIES, "GetAll", &(SERVICE,))
+            .await
+            .with_context(|| format!("reading {}'s properties", self.unit))?;
+        Ok(UnitProtection {
+            memory_low: self.take(&mut all, "MemoryLow")?,
+            memory_min: self.take(&mut all, "MemoryMin")?,
+            oom_score_adjust: self.take(&mut all, "OOMScoreAdjust")?,
+            main_pid: self.take(&mut all, "MainPID")?,
+            control_group: self.take(&mut all, "ControlGroup")?,
+        })
     }
 
     /// The command lines of the unit's `ExecStart=` (argv of each), to see which flags

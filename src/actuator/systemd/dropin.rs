@@ -118,9 +118,10 @@ pub fn snapshot(path: &Path) -> anyhow::Result<Option<Vec<u8>>> {
 /// the old file or the new one whole, even across a crash (see [`crate::fsutil`]).
 pub fn put(path: &Path, content: Option<&[u8]>) -> anyhow::Result<()> {
     match content {
-        Some(bytes) => fsutil::write_atomic(path, bytes, DROPIN_MODE)
+        Some(bytes) => fsutil::write_atomic(path, bytes, DROPIN_MODE, "dropin")
             .with_context(|| format!("writing the k3s drop-in {}", path.display())),
-        None => fsutil::remove_durable(path).with_context(|| format!("removing the k3s drop-in {}", path.display())),
+        None => fsutil::remove_durable(path, "dropin")
+            .with_context(|| format!("removing the k3s drop-in {}", path.display())),
     }
 }
 

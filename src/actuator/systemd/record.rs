@@ -19,7 +19,7 @@ pub fn read(path: &Path) -> anyhow::Result<Option<Level>> {
 /// Replaces the record whole (see [`crate::fsutil`]), creating its directory. World
 /// readable: `regrade status` run by an operator reads it.
 pub fn write(path: &Path, level: Level) -> anyhow::Result<()> {
-    fsutil::write_atomic(path, format!("{level}\n").as_bytes(), 0o644)
+    fsutil::write_atomic(path, format!("{level}\n").as_bytes(), 0o644, "start-record")
         .with_context(|| format!("writing the level record {}", path.display()))
 }
 

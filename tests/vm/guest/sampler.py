@@ -5,7 +5,11 @@
 # PSI from /proc/pressure/memory (the guest's), k3s.service's and kubepods.slice's
 # memory.pressure (cgroup v2); etcd: server1's /health on 127.0.0.1:2381 answered
 # "true" within 0.8 s. A cgroup not there (yet) reads "-".
-import sys, time, urllib.request
+# Beside it, server1's etcd member for tests/incident/member.rs: every 250 ms
+#   H t=<guest unix time> ok=<1|0>       its /health answered "true" within 0.8 s
+# and every 2 s its metrics listener's histograms and counters the table uses:
+#   M <metric lines, tab-separated>
+import sys, threading, time, urllib.request
 
 CG = "/sys/fs/cgroup/"
 
@@ -31,12 +35,19 @@ def avail_kb():
                 return l.split()[1]
     return "-"
 
-def etcd():
+def get(path):
     try:
-        with urllib.request.urlopen("http://127.0.0.1:2381/health", timeout=0.8) as r:
-            return "1" if b'"health":"true"' in r.read() else "0"
+        with urllib.request.urlopen("http://127.0.0.1:2381" + path, timeout=0.8) as r:
+            return r.read()
     except Exception:
-        return "0"
+        return None
+
+def etcd():
+    body = get("/health")
+    return "1" if body is not None and b'"health":"true"' in body else "0"
+
+MEMBER_SERIES = (b"etcd_disk_wal_fsync_duration_seconds_bucket", b"etcd_disk_backend_commit_duration_seconds_bucket",
+                 b"etcd_server_heartbeat_send_failures_total", b"etcd_server_slow_apply_total")
 
 def cgroup(name):
     s, f = avg10(CG + name + "/memory.pressure")
@@ -46,10 +57,30 @@ try:
     out = open(sys.argv[1], "w", buffering=1)
 except OSError:
     out = sys.stdout
+lock = threading.Lock()
+
+def say(line):
+    with lock:
+        out.write(line + "\n")
+
+def member():
+    last_metrics = 0.0
+    while True:
+        t0 = time.time()
+        say("H t=%.3f ok=%s" % (t0, etcd()))
+        if t0 - last_metrics >= 2.0:
+            last_metrics = t0
+            body = get("/metrics")
+            if body is not None:
+                kept = [l for l in body.splitlines() if l.startswith(MEMBER_SERIES)]
+                say("M " + "\t".join(l.decode() for l in kept))
+        time.sleep(max(0.01, t0 + 0.25 - time.time()))
+
+threading.Thread(target=member, daemon=True).start()
 while True:
     t0 = time.time()
     s, f = avg10("/proc/pressure/memory")
     line = "S t=%.3f psi=%s full=%s avail=%s k3s=%s pods=%s etcd=%s" % (
         t0, s, f, avail_kb(), cgroup("system.slice/k3s.service"), cgroup("kubepods.slice"), etcd())
-    out.write(line + "\n")
+    say(line)
     time.sleep(max(0.05, t0 + 1.0 - time.time()))

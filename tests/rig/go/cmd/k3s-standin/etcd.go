@@ -1,8 +1,8 @@
 package main
 
 // The stand-in's etcd, as k3s runs its embedded etcd (pkg/etcd, pkg/cluster/bootstrap.go):
-// member name, TLS on both ports, the start-time temporary etcd and defragment, and the
-// leader's EtcdIsVoter conditions.
+// member name, TLS on both ports, k3s's raft timing and start-time checks, the
+// start-time temporary etcd, and the leader's EtcdIsVoter conditions.
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/pkg/v3/featuregate"
 	"go.etcd.io/etcd/server/v3/embed"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -131,6 +132,7 @@ func reconcileWithTemporaryEtcd(dbDir, name string) {
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = name + "=" + pu.String()
 	cfg.LogLevel = "error"
+	asK3sRunsIt(cfg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		log.Fatalf("k3s-standin: temporary etcd: %v", err)
@@ -146,14 +148,24 @@ func reconcileWithTemporaryEtcd(dbDir, name string) {
 	log.Printf("k3s-standin: reconciled with a temporary etcd on "+*tempEtcdAddr+":2399 (db %d bytes) in %v", size, time.Since(t0).Round(time.Millisecond))
 }
 
-// defragment runs once the member is ready, as k3s does at every start.
-func defragment(e *embed.Etcd) {
-	t0 := time.Now()
-	if err := e.Server.Backend().Defrag(); err != nil {
-		log.Printf("k3s-standin: defragment: %v", err)
-		return
+// asK3sRunsIt sets what k3s sets on its embedded etcd, the temporary one too
+// (pkg/etcd's cluster() and StartEmbeddedTemporary): heartbeat 500 ms and election
+// timeout 5 s (etcd's own defaults are 100 ms and 1 s: a member under a thrash would
+// lose its leader and call elections far sooner than k3s's does); the initial
+// corruption check, which hashes the whole db before serving (a start reads it all);
+// and, since k3s#14099 (2026), no defragment of its own at start: etcd's bootstrap
+// defragment, run only when it would free at least 100 MB.
+func asK3sRunsIt(cfg *embed.Config) {
+	cfg.TickMs, cfg.ElectionMs = 500, 5000
+	cfg.SnapshotCount = 10000
+	cfg.BootstrapDefragThresholdMegabytes = 100
+	gate, ok := cfg.ServerFeatureGate.(featuregate.MutableFeatureGate)
+	if !ok {
+		log.Fatalf("k3s-standin: etcd's feature gate cannot be set")
 	}
-	log.Printf("k3s-standin: defragmented etcd in %v", time.Since(t0).Round(time.Millisecond))
+	if err := gate.Set("InitialCorruptCheck=true"); err != nil {
+		log.Fatalf("k3s-standin: InitialCorruptCheck: %v", err)
+	}
 }
 
 // clientListenURLs: k3s listens on https://127.0.0.1:2379 and https://NODE_IP:2379

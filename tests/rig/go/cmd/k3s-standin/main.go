@@ -23,8 +23,17 @@
 //     like k3s's etcd metrics listener.
 //   - Start: a member initialised before is first reconciled through a temporary
 //     etcd on a copy of its data dir (127.0.0.1:2399, force-new-cluster), as k3s's
-//     bootstrap reconcile does, and defragmented once ready; both cost about what
-//     they cost k3s (a copy of the db, an etcd start, a defrag).
+//     bootstrap reconcile does on a server without a join URL (the first, cluster-init
+//     server) or whose join URL does not answer /v1-k3s/server-bootstrap within 15 s
+//     (pkg/cluster/bootstrap.go); a server whose join URL answers skips it in k3s,
+//     here never (NOT imitated: the stand-in serves no /v1-k3s; its start costs what
+//     the first server's costs). etcd as k3s configures it (etcd.go, asK3sRunsIt):
+//     heartbeat 500 ms, election 5 s, the initial corruption check (the whole db read
+//     and hashed before serving), and no defragment of its own at start since
+//     k3s#14099: etcd's bootstrap defragment, only when it frees 100 MB or more.
+//     Until 2026-12 the stand-in defragmented at every start and ran etcd's default
+//     100 ms / 1 s raft timing: both made its starts and its elections under a
+//     thrash costlier than k3s's.
 //   - API server: unless disable-apiserver, supervises a kube-apiserver binary
 //     against the local etcd (TLS, etcd's client cert) on BIND:6443. With
 //     disable-apiserver, port 6443 still answers (TLS), every request with HTTP 503
@@ -371,6 +380,7 @@ func main() {
 	cfg.PeerTLSInfo.CertFile, cfg.PeerTLSInfo.KeyFile = tlsFile(etcdPeer), tlsFile(etcdPeerKey)
 	cfg.PeerTLSInfo.TrustedCAFile, cfg.PeerTLSInfo.ClientCertAuth = tlsFile(etcdPeerCA), true
 	cfg.LogLevel = "warn"
+	asK3sRunsIt(cfg)
 	must(os.MkdirAll(cfg.Dir, 0o700), "data dir")
 	e, err := embed.StartEtcd(cfg)
 	must(err, "start etcd")
@@ -405,7 +415,6 @@ func main() {
 		select {
 		case <-e.Server.ReadyNotify():
 			log.Printf("k3s-standin: etcd member %s ready (id %x)", cfg.Name, uint64(e.Server.MemberID()))
-			defragment(e)
 			close(etcdReady)
 		case <-ctx.Done():
 		}

@@ -1,0 +1,288 @@
+//! Which static protections of k3s are in place on this host, for `regrade status`
+//! (packaging/systemd/k3s.service.d/40-regrade-protect.conf, the NixOS module's
+//! `services.regrade.protect`): k3s.service's `MemoryLow=`/`MemoryMin=` and its
+//! slice's (cgroup v2 only), its `OOMScoreAdjust=` and the k3s process's
+//! `oom_score_adj` now, and the kubelet's `system-reserved` memory in k3s's config.
+//!
+//! [`survey`] reads systemd over D-Bus (one bounded call) and a few files;
+//! [`judge`] turns what was read into plain words, and is table-tested.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::dbus::{Systemd, UnitProtection};
+use super::SystemdConfig;
+
+/// What was read on this host.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Facts {
+    /// The unified hierarchy with the memory controller (`/sys/fs/cgroup/cgroup.controllers`).
+    pub cgroup_v2_memory: bool,
+    /// k3s.service as systemd has it, or why it could not be read.
+    pub unit: Option<Result<UnitProtection, String>>,
+    /// The unit's slice's `memory.low` and `memory.min` (v2), in bytes; `None` unread.
+    pub slice_low: Option<u64>,
+    pub slice_min: Option<u64>,
+    /// The slice's name (`system.slice`).
+    pub slice: String,
+    /// The k3s main process's `oom_score_adj` now.
+    pub main_oom_score_adj: Option<i32>,
+    /// The k3s config file that sets the kubelet's `system-reserved`, if one does.
+    pub system_reserved_in: Option<PathBuf>,
+}
+
+/// One protection, as `status` says it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub protection: &'static str,
+    /// `in place`, `missing`, `not on this host` (cgroup v1) or `unknown`.
+    pub state: &'static str,
+    /// What is in force, or what is missing and what to do about it.
+    pub words: String,
+}
+
+const IN_PLACE: &str = "in place";
+const MISSING: &str = "missing";
+const NOT_HERE: &str = "not on this host";
+const UNKNOWN: &str = "unknown";
+
+const FIX_UNIT: &str = "install packaging/systemd/k3s.service.d/40-regrade-protect.conf \
+     (NixOS: services.regrade.protect), then systemctl daemon-reload";
+
+fn mib(b: u64) -> String {
+    format!("{} MiB", b >> 20)
+}
+
+/// The findings, one per protection, in plain words an operator can act on.
+pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
+    let found = |protection, state, words: String| Finding { protection, state, words };
+    let unit = match &f.unit {
+        Some(Ok(u)) => Ok(u),
+        Some(Err(e)) => Err(format!("could not ask systemd about {unit_name}: {e}")),
+        None => Err("not asked".to_string()),
+    };
+    let mut out = Vec::new();
+    out.push(match (f.cgroup_v2_memory, &unit) {
+        (false, _) => found(
+            "memory protection",
+            NOT_HERE,
+            "this host's memory controller is cgroup v1, where MemoryLow=/MemoryMin= do nothing: \
+             k3s's pages are reclaimed as readily as the pods'; kubelet system-reserved memory is the lever here"
+                .into(),
+        ),
+        (true, Err(e)) => found("memory protection", UNKNOWN, e.clone()),
+        (true, Ok(u)) if u.memory_low.max(u.memory_min) == 0 => found(
+            "memory protection",
+            MISSING,
+            format!(
+                "{unit_name} has no MemoryLow= or MemoryMin=: under pressure the kernel reclaims k3s's and \
+                 etcd's pages as readily as the pods'; {FIX_UNIT}"
+            ),
+        ),
+        (true, Ok(u)) => {
+            let p = u.memory_low.max(u.memory_min);
+            let slice = f.slice_low.unwrap_or(0).max(f.slice_min.unwrap_or(0));
+            if f.slice_low.is_some() && slice < p {
+                found(
+                    "memory protection",
+                    MISSING,
+                    format!(
+                        "{unit_name} has MemoryLow/MemoryMin {} but {} only {}: cgroup v2 protects a cgroup only \
+                         within its parent's protection; install packaging/systemd/system.slice.d/40-regrade-protect.conf \
+                         (NixOS: services.regrade.protect.memoryLow)",
+                        mib(p),
+                        f.slice,
+                        mib(slice)
+                    ),
+                )
+            } else {
+                found("memory protection", IN_PLACE, format!("{unit_name} {} protected, {} {}", mib(p), f.slice, mib(slice)))
+            }
+        }
+    });
+    match unit {
+        Err(e) => out.push(found("OOM score", UNKNOWN, e)),
+        Ok(u) if u.oom_score_adjust < 0 => out.push(found(
+            "OOM score",
+            IN_PLACE,
+            format!("{unit_name} starts at OOMScoreAdjust={}, also during a restart", u.oom_score_adjust),
+        )),
+        Ok(u) => out.push(found(
+            "OOM score",
+            MISSING,
+            format!(
+                "{unit_name} starts at OOMScoreAdjust={}: until its kubelet sets -999, k3s (etcd with it) is the \
+                 OOM killer's likely pick, during every restart; {FIX_UNIT}",
+                u.oom_score_adjust
+            ),
+        )),
+    }
+    if let (Some(adj), Some(Ok(u))) = (f.main_oom_score_adj, &f.unit) {
+        let state = if adj < 0 { IN_PLACE } else { MISSING };
+        out.push(found("k3s process", state, format!("PID {} at oom_score_adj {adj} now", u.main_pid)));
+    }
+    out.push(match &f.system_reserved_in {
+        Some(p) => {
+            found("reserved memory", IN_PLACE, format!("the kubelet's system-reserved is set in {}", p.display()))
+        }
+        None => found(
+            "reserved memory",
+            MISSING,
+            "no system-reserved memory for the kubelet: the pods may take all of RAM; install \
+             packaging/k3s/40-regrade-reserved.yaml into k3s's config.yaml.d (NixOS: \
+             services.regrade.protect.systemReservedMemory); k3s reads it at its next start"
+                .into(),
+        ),
+    });
+    out
+}
+
+/// Reads what [`judge`] needs: systemd over D-Bus (bounded by `systemd.call_timeout`),
+/// the cgroup files, the main process's `oom_score_adj`, k3s's config files.
+pub async fn survey(cfg: &SystemdConfig) -> Vec<Finding> {
+    let mut f = Facts { cgroup_v2_memory: cgroup_v2_memory(Path::new("/sys/fs/cgroup")), ..Default::default() };
+    let unit = async { Systemd::connect(&cfg.unit, cfg.call_timeout.0).await?.protection().await };
+    let unit = unit.await.map_err(|e| format!("{e:#}"));
+    if let Ok(u) = &unit {
+        let cgroup = Path::new("/sys/fs/cgroup").join(u.control_group.trim_start_matches('/'));
+        if let Some(slice) = cgroup.parent() {
+            f.slice = slice.file_name().map_or("its slice".into(), |n| n.to_string_lossy().into_owned());
+            if f.cgroup_v2_memory {
+                f.slice_low = read_bytes(&slice.join("memory.low"));
+                f.slice_min = read_bytes(&slice.join("memory.min"));
+            }
+        }
+        if u.main_pid != 0 {
+            f.main_oom_score_adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", u.main_pid))
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+        }
+    }
+    f.unit = Some(unit);
+    f.system_reserved_in = system_reserved_in(&cfg.dropin);
+    judge(&f, &cfg.unit)
+}
+
+fn cgroup_v2_memory(root: &Path) -> bool {
+    std::fs::read_to_string(root.join("cgroup.controllers")).is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
+}
+
+/// A cgroup v2 size file: bytes, or `max`.
+fn read_bytes(path: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    match s.trim() {
+        "max" => Some(u64::MAX),
+        n => n.parse().ok(),
+    }
+}
+
+/// The file of k3s's configuration that sets `system-reserved`: k3s's config file
+/// beside regrade's drop-in directory, or a drop-in in it.
+fn system_reserved_in(dropin: &Path) -> Option<PathBuf> {
+    let dir = dropin.parent()?;
+    let config = dir.to_str()?.strip_suffix(".d").map(PathBuf::from);
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    files.sort();
+    files.extend(config);
+    files.into_iter().find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("system-reserved")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(low: u64, oom: i32) -> UnitProtection {
+        UnitProtection {
+            memory_low: low,
+            memory_min: 0,
+            oom_score_adjust: oom,
+            main_pid: 42,
+            control_group: "/system.slice/k3s.service".into(),
+        }
+    }
+
+    fn states(f: &Facts) -> Vec<(&'static str, &'static str)> {
+        judge(f, "k3s.service").into_iter().map(|x| (x.protection, x.state)).collect()
+    }
+
+    #[test]
+    fn each_protection_is_said_in_place_or_missing_with_what_to_do() {
+        let all = Facts {
+            cgroup_v2_memory: true,
+            unit: Some(Ok(unit(512 << 20, -999))),
+            slice_low: Some(512 << 20),
+            slice_min: Some(0),
+            slice: "system.slice".into(),
+            main_oom_score_adj: Some(-999),
+            system_reserved_in: Some("/etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml".into()),
+        };
+        assert_eq!(
+            states(&all),
+            [
+                ("memory protection", IN_PLACE),
+                ("OOM score", IN_PLACE),
+                ("k3s process", IN_PLACE),
+                ("reserved memory", IN_PLACE)
+            ]
+        );
+        let none = Facts {
+            unit: Some(Ok(unit(0, 0))),
+            slice_low: Some(0),
+            main_oom_score_adj: Some(0),
+            system_reserved_in: None,
+            ..all.clone()
+        };
+        let words = judge(&none, "k3s.service");
+        assert!(words.iter().all(|w| w.state == MISSING), "{words:?}");
+        assert!(
+            words[0].words.contains("40-regrade-protect.conf") && words[1].words.contains("OOMScoreAdjust=0"),
+            "{words:?}"
+        );
+        assert!(words[3].words.contains("40-regrade-reserved.yaml"), "{words:?}");
+        // The unit protected, its slice not: the kernel would not honour it.
+        let slice_bare = Facts { slice_low: Some(0), ..all.clone() };
+        let w = &judge(&slice_bare, "k3s.service")[0];
+        assert_eq!(w.state, MISSING);
+        assert!(w.words.contains("system.slice only 0 MiB") && w.words.contains("system.slice.d"), "{w:?}");
+        // cgroup v1: memory protection does not exist here, and says so.
+        let v1 = Facts { cgroup_v2_memory: false, ..all.clone() };
+        assert_eq!(states(&v1)[0], ("memory protection", NOT_HERE));
+        // The kubelet has set -999 on the process, the unit has no OOMScoreAdjust: the
+        // window of a restart is still open.
+        let window = Facts { unit: Some(Ok(unit(512 << 20, 0))), ..all.clone() };
+        assert_eq!(states(&window)[1..3], [("OOM score", MISSING), ("k3s process", IN_PLACE)]);
+        // systemd not reachable: said, nothing guessed, and what the files say still said.
+        let unreachable = Facts { unit: Some(Err("no bus".into())), ..all };
+        assert_eq!(
+            states(&unreachable),
+            [("memory protection", UNKNOWN), ("OOM score", UNKNOWN), ("reserved memory", IN_PLACE)]
+        );
+        let v1_unreachable = Facts { cgroup_v2_memory: false, ..unreachable };
+        assert_eq!(states(&v1_unreachable)[0], ("memory protection", NOT_HERE));
+    }
+
+    #[test]
+    fn files_are_read_as_the_kernel_and_k3s_write_them() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        assert!(cgroup_v2_memory(d.path()));
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu io\n").unwrap();
+        assert!(!cgroup_v2_memory(d.path()) && !cgroup_v2_memory(&d.path().join("absent")));
+        std::fs::write(d.path().join("memory.low"), "max\n").unwrap();
+        assert_eq!(read_bytes(&d.path().join("memory.low")), Some(u64::MAX));
+        let dropins = d.path().join("config.yaml.d");
+        std::fs::create_dir(&dropins).unwrap();
+        let dropin = dropins.join("50-regrade.yaml");
+        assert_eq!(system_reserved_in(&dropin), None);
+        std::fs::write(d.path().join("config.yaml"), "kubelet-arg:\n  - system-reserved=memory=1Gi\n").unwrap();
+        assert_eq!(system_reserved_in(&dropin), Some(d.path().join("config.yaml")));
+        std::fs::write(
+            dropins.join("40-regrade-reserved.yaml"),
+            "kubelet-arg+:\n  - \"system-reserved=memory=512Mi\"\n",
+        )
+        .unwrap();
+        assert_eq!(system_reserved_in(&dropin), Some(dropins.join("40-regrade-reserved.yaml")));
+    }
+}
