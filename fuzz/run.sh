@@ -9,6 +9,10 @@ secs=${1:-15}
 cache="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}"
 target_dir="$cache/fuzz-target"
 mkdir -p "$target_dir"
+# cargo-fuzz cannot pass --locked: check the lock file first, so a dependency added to
+# the main crate without updating fuzz/Cargo.lock fails here instead of changing the clone.
+cargo metadata --locked --format-version 1 >/dev/null ||
+  { echo "fuzz: fuzz/Cargo.lock is out of date: run 'cargo update --workspace' in fuzz/ and commit it" >&2; exit 1; }
 mapfile -t targets < <(cargo +nightly fuzz list)
 cargo +nightly fuzz build --target-dir "$target_dir" >&2
 [ "$secs" = --build ] && exit 0
