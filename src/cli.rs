@@ -56,8 +56,9 @@ pub enum Command {
     Simulate {
         /// The CSV trace: header row with t,some_avg10,some_avg60,some_avg300,full_avg10,
         /// full_avg60,full_avg300,mem_available_kb (any order); t in seconds. The etcd
-        /// member's columns `record --etcd-member` writes may follow; only --plot uses
-        /// them.
+        /// member's columns `record --etcd-member` writes may follow: the core takes the
+        /// member's distress from them as watch does (etcd.distress_overrides_floor),
+        /// and --plot draws them.
         trace: PathBuf,
         /// The level the simulated server starts at.
         #[arg(long, default_value = "full")]

@@ -251,6 +251,8 @@ impl Config {
             threshold: p.threshold,
             calm_threshold: p.calm_threshold(),
             mem_available_floor: p.mem_available_floor.map(|b| b.0),
+            // No looks at the member (metrics_url empty): never in distress.
+            distress_overrides_floor: self.etcd.distress_overrides_floor.then(|| self.etcd.distress_limits()),
             sustain: p.sustain.0,
             cooldown: p.cooldown.0,
             step_up: self.step_up,

@@ -32,26 +32,43 @@ pub struct Settings {
     pub calm_threshold: f64,
     /// `None`: PSI alone decides.
     pub mem_available_floor: Option<u64>,
+    /// `Some`: PSI at or over `threshold` while the local etcd member is in distress
+    /// (by these limits) is over whatever the floor says; `None`: the floor alone.
+    pub distress_overrides_floor: Option<DistressLimits>,
     pub sustain: Duration,
     pub cooldown: Duration,
     pub step_up: StepUp,
 }
 
 impl Settings {
-    /// Over, calm or neither (docs/behaviour.md, "Decision rules").
-    pub fn classify(&self, s: &Sample) -> Reading {
+    /// Over, calm or neither (docs/behaviour.md, "Decision rules"), with the local
+    /// etcd member's last fresh look (`MemberSignals::default()` when there is none).
+    pub fn classify(&self, s: &Sample, member: &MemberSignals) -> Reading {
         let p = s.metric(self.metric);
         let (low, high) = match self.mem_available_floor {
             Some(floor) => (s.mem_available < floor, s.mem_available >= floor),
             None => (true, true),
         };
-        if p >= self.threshold && low {
+        if p >= self.threshold && (low || self.over_by_distress(s, member).is_some()) {
             Reading::Over
         } else if p < self.calm_threshold && high {
             Reading::Calm
         } else {
             Reading::Neither
         }
+    }
+
+    /// The member's distress, when it alone makes this sample over: PSI at or over
+    /// `threshold`, available memory at or above the floor. Measured on a 2 GiB host
+    /// (docs/incident-vm.md): PSI passed 40 % and the member stopped answering its
+    /// health checks 20-50 s before available memory fell under the 512 MiB floor.
+    pub fn over_by_distress(&self, s: &Sample, member: &MemberSignals) -> Option<Distress> {
+        let limits = self.distress_overrides_floor?;
+        let floor_holds = self.mem_available_floor.is_some_and(|floor| s.mem_available >= floor);
+        if !floor_holds || s.metric(self.metric) < self.threshold {
+            return None;
+        }
+        member.distress(&limits)
     }
 }
 
@@ -202,11 +219,44 @@ pub struct EtcdOnlyCost {
     /// The drain into `control-plane` "freed nothing" when available memory rose by
     /// less than this since that step was decided.
     pub drain_freed_at_least: u64,
-    /// The member is in distress at a WAL fsync p99 (over the last look's interval) of
-    /// at least this ...
-    pub wal_fsync_p99_limit: Duration,
-    /// ... or a backend commit p99 of at least this.
-    pub backend_commit_p99_limit: Duration,
+    pub limits: DistressLimits,
+}
+
+/// When the local member is in distress: not healthy, or a p99 (over the last look's
+/// interval) at or over its limit (`etcd.wal_fsync_p99_limit`,
+/// `etcd.backend_commit_p99_limit`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DistressLimits {
+    pub wal_fsync_p99: Duration,
+    pub backend_commit_p99: Duration,
+}
+
+/// What the member's distress is (its `Display` names the limit crossed).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distress {
+    NotHealthy,
+    WalFsync { p99: Duration, limit: Duration },
+    BackendCommit { p99: Duration, limit: Duration },
+}
+
+impl std::fmt::Display for Distress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Distress::NotHealthy => write!(f, "not healthy"),
+            Distress::WalFsync { p99, limit } => write!(
+                f,
+                "WAL fsync p99 {} ms, limit etcd.wal_fsync_p99_limit = {} ms",
+                p99.as_millis(),
+                limit.as_millis()
+            ),
+            Distress::BackendCommit { p99, limit } => write!(
+                f,
+                "backend commit p99 {} ms, limit etcd.backend_commit_p99_limit = {} ms",
+                p99.as_millis(),
+                limit.as_millis()
+            ),
+        }
+    }
 }
 
 /// The local etcd member as its own metrics listener last showed it, as the core
@@ -217,6 +267,20 @@ pub struct MemberSignals {
     pub healthy: Option<bool>,
     pub wal_fsync_p99: Option<Duration>,
     pub backend_commit_p99: Option<Duration>,
+}
+
+impl MemberSignals {
+    /// The member's distress by `limits`, if any; unknown signals are no distress.
+    pub fn distress(&self, limits: &DistressLimits) -> Option<Distress> {
+        if self.healthy == Some(false) {
+            return Some(Distress::NotHealthy);
+        }
+        if let Some(p99) = self.wal_fsync_p99.filter(|p| *p >= limits.wal_fsync_p99) {
+            return Some(Distress::WalFsync { p99, limit: limits.wal_fsync_p99 });
+        }
+        let p99 = self.backend_commit_p99.filter(|p| *p >= limits.backend_commit_p99)?;
+        Some(Distress::BackendCommit { p99, limit: limits.backend_commit_p99 })
+    }
 }
 
 /// Why the step into `etcd-only` is held at `control-plane`.
@@ -237,7 +301,7 @@ pub struct EtcdOnlyHeld {
 pub enum HeldBecause {
     /// The member is unhealthy, or its WAL fsync or backend commit p99 is at or over
     /// its limit: a restart now would not finish under the thrash.
-    MemberInDistress(String),
+    MemberInDistress(Distress),
 }
 
 impl std::fmt::Display for EtcdOnlyHeld {
@@ -274,26 +338,8 @@ pub fn weigh_etcd_only(
     if freed_by_drain.is_some_and(|f| f >= cost.drain_freed_at_least as i64) {
         return None;
     }
-    let held = |why| Some(EtcdOnlyHeld { freed_by_drain, why });
-    if member.healthy == Some(false) {
-        return held(HeldBecause::MemberInDistress("not healthy".into()));
-    }
-    let over = |p: Option<Duration>, limit: Duration| p.filter(|p| *p >= limit);
-    if let Some(p) = over(member.wal_fsync_p99, cost.wal_fsync_p99_limit) {
-        return held(HeldBecause::MemberInDistress(format!(
-            "WAL fsync p99 {} ms, limit etcd.wal_fsync_p99_limit = {} ms",
-            p.as_millis(),
-            cost.wal_fsync_p99_limit.as_millis()
-        )));
-    }
-    if let Some(p) = over(member.backend_commit_p99, cost.backend_commit_p99_limit) {
-        return held(HeldBecause::MemberInDistress(format!(
-            "backend commit p99 {} ms, limit etcd.backend_commit_p99_limit = {} ms",
-            p.as_millis(),
-            cost.backend_commit_p99_limit.as_millis()
-        )));
-    }
-    None
+    let why = HeldBecause::MemberInDistress(member.distress(&cost.limits)?);
+    Some(EtcdOnlyHeld { freed_by_drain, why })
 }
 
 #[cfg(test)]
@@ -308,6 +354,7 @@ mod tests {
             threshold: 40.0,
             calm_threshold: 10.0,
             mem_available_floor: Some(1000),
+            distress_overrides_floor: None,
             sustain: Duration::from_secs(30),
             cooldown: Duration::from_secs(60),
             step_up: StepUp::Automatic,
@@ -341,15 +388,45 @@ mod tests {
     #[test]
     fn classification_follows_the_spec() {
         let s = settings();
-        assert_eq!(s.classify(&sample(40.0, 999)), Reading::Over);
-        assert_eq!(s.classify(&sample(40.0, 1000)), Reading::Neither, "high PSI, memory free");
-        assert_eq!(s.classify(&sample(39.9, 999)), Reading::Neither);
-        assert_eq!(s.classify(&sample(9.9, 1000)), Reading::Calm);
-        assert_eq!(s.classify(&sample(10.0, 1000)), Reading::Neither, "calm needs P < calm_threshold");
-        assert_eq!(s.classify(&sample(0.0, 999)), Reading::Neither, "calm needs A >= floor");
+        assert_eq!(s.classify(&sample(40.0, 999), &NO_LOOK), Reading::Over);
+        assert_eq!(s.classify(&sample(40.0, 1000), &NO_LOOK), Reading::Neither, "high PSI, memory free");
+        assert_eq!(s.classify(&sample(39.9, 999), &NO_LOOK), Reading::Neither);
+        assert_eq!(s.classify(&sample(9.9, 1000), &NO_LOOK), Reading::Calm);
+        assert_eq!(s.classify(&sample(10.0, 1000), &NO_LOOK), Reading::Neither, "calm needs P < calm_threshold");
+        assert_eq!(s.classify(&sample(0.0, 999), &NO_LOOK), Reading::Neither, "calm needs A >= floor");
         let no_floor = Settings { mem_available_floor: None, ..s };
-        assert_eq!(no_floor.classify(&sample(40.0, u64::MAX)), Reading::Over);
-        assert_eq!(no_floor.classify(&sample(0.0, 0)), Reading::Calm);
+        assert_eq!(no_floor.classify(&sample(40.0, u64::MAX), &NO_LOOK), Reading::Over);
+        assert_eq!(no_floor.classify(&sample(0.0, 0), &NO_LOOK), Reading::Calm);
+    }
+
+    /// No fresh look at the member.
+    const NO_LOOK: MemberSignals = MemberSignals { healthy: None, wal_fsync_p99: None, backend_commit_p99: None };
+
+    #[test]
+    fn the_members_distress_stands_in_for_the_floor_only_under_pressure() {
+        let s = Settings { distress_overrides_floor: Some(LIMITS), ..settings() };
+        let unhealthy = MemberSignals { healthy: Some(false), ..NO_LOOK };
+        let slow =
+            MemberSignals { healthy: Some(true), backend_commit_p99: Some(Duration::from_millis(100)), ..NO_LOOK };
+        let well = MemberSignals {
+            healthy: Some(true),
+            wal_fsync_p99: Some(Duration::from_millis(99)),
+            backend_commit_p99: Some(Duration::from_millis(99)),
+        };
+        // PSI over, memory above the floor: over only with the member in distress.
+        assert_eq!(s.classify(&sample(40.0, 5000), &unhealthy), Reading::Over);
+        assert_eq!(s.over_by_distress(&sample(40.0, 5000), &unhealthy), Some(Distress::NotHealthy));
+        assert_eq!(s.classify(&sample(40.0, 5000), &slow), Reading::Over);
+        assert_eq!(s.classify(&sample(40.0, 5000), &well), Reading::Neither);
+        assert_eq!(s.classify(&sample(40.0, 5000), &NO_LOOK), Reading::Neither, "no look is no distress");
+        // PSI under the threshold: a member in distress steps nothing.
+        assert_eq!(s.classify(&sample(39.9, 5000), &unhealthy), Reading::Neither);
+        assert_eq!(s.classify(&sample(0.0, 5000), &unhealthy), Reading::Calm, "calm is PSI's and the floor's");
+        // Under the floor it is over anyway, and not by distress.
+        assert_eq!(s.over_by_distress(&sample(40.0, 999), &unhealthy), None);
+        // Turned off: the floor alone.
+        let off = Settings { distress_overrides_floor: None, ..s };
+        assert_eq!(off.classify(&sample(40.0, 5000), &unhealthy), Reading::Neither);
     }
 
     #[test]
@@ -496,13 +573,11 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    const LIMITS: DistressLimits =
+        DistressLimits { wal_fsync_p99: Duration::from_millis(100), backend_commit_p99: Duration::from_millis(100) };
+
     fn cost() -> EtcdOnlyCost {
-        EtcdOnlyCost {
-            hold: true,
-            drain_freed_at_least: 64 * MIB,
-            wal_fsync_p99_limit: Duration::from_millis(100),
-            backend_commit_p99_limit: Duration::from_millis(100),
-        }
+        EtcdOnlyCost { hold: true, drain_freed_at_least: 64 * MIB, limits: LIMITS }
     }
 
     const INTO_ETCD_ONLY: Step = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
@@ -533,7 +608,7 @@ mod tests {
         let c = cost();
         let held = |m: MemberSignals| weigh_etcd_only(&c, &INTO_ETCD_ONLY, Some(0), &m);
         let unhealthy = held(MemberSignals { healthy: Some(false), ..Default::default() }).unwrap();
-        assert_eq!(unhealthy.why, HeldBecause::MemberInDistress("not healthy".into()));
+        assert_eq!(unhealthy.why, HeldBecause::MemberInDistress(Distress::NotHealthy));
         let slow_fsync = held(MemberSignals { wal_fsync_p99: Some(Duration::from_millis(100)), ..Default::default() });
         assert!(slow_fsync.unwrap().to_string().contains("etcd.wal_fsync_p99_limit"));
         let slow_commit =

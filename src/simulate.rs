@@ -153,6 +153,10 @@ pub fn replay_observed(
         bail!("line 1: no \"mem_available_kb\" column, which pressure.mem_available_floor needs");
     }
     let mut last_t = None;
+    // The member's last look that answered, and when: given to the core while it is
+    // as fresh as `watch` would take it.
+    let member_max_age = cfg.etcd.member_look_max_age().as_secs_f64();
+    let mut last_look: Option<(f64, crate::decide::MemberSignals)> = None;
     for (i, line) in lines {
         let line = line?;
         if line.trim().is_empty() {
@@ -191,7 +195,11 @@ pub fn replay_observed(
         }
         let member = member_cols.map(|m| m.read(&cells, lineno)).transpose()?;
         let now = Duration::from_secs_f64(t);
-        let reading = settings.classify(&sample);
+        if let Some(m) = member.filter(MemberCells::looked) {
+            last_look = Some((t, m.signals()));
+        }
+        let look = last_look.filter(|(at, _)| t - at <= member_max_age).map(|(_, m)| m).unwrap_or_default();
+        let reading = settings.classify(&sample, &look);
         let step = state.observe(&settings, levels, now, reading);
         seen(&Observed {
             lineno,
@@ -339,7 +347,32 @@ mod tests {
     }
 
     #[test]
-    fn member_columns_are_read_by_name_and_change_no_step() {
+    fn a_member_in_distress_steps_over_the_floor_while_its_look_is_fresh() {
+        // PSI over, memory well above the floor: neither, unless the member is in distress.
+        let trace = |member: &dyn Fn(u64) -> &'static str| {
+            let mut t = format!("t,some_avg10,mem_available_kb,{}\n", MEMBER_COLUMNS[..3].join(","));
+            for s in (0..=200).step_by(10) {
+                t += &format!("{s},50,10000000,{}\n", member(s));
+            }
+            t
+        };
+        let at = |steps: Vec<StepLine>| steps.iter().map(|l| l.t.to_string()).collect::<Vec<_>>();
+        let unhealthy_from_50 = trace(&|s| if s >= 50 { "0,," } else { "1,," });
+        assert_eq!(at(steps(&cfg(""), &unhealthy_from_50, Level::Full).unwrap()), ["80", "140"]);
+        let off = cfg("[etcd]\ndistress_overrides_floor = false");
+        assert!(steps(&off, &unhealthy_from_50, Level::Full).unwrap().is_empty());
+        // A commit p99 at its limit (1 s) is distress too; under it is not.
+        let slow = trace(&|_| "1,,1000");
+        assert_eq!(at(steps(&cfg(""), &slow, Level::Full).unwrap()), ["30", "90"]);
+        assert!(steps(&cfg(""), &trace(&|_| "1,,999"), Level::Full).unwrap().is_empty());
+        // One look, then none: it counts while fresh (3 looks of 10 s and 2 timeouts of
+        // 3 s: 36 s), not after. The streak from 0 lasts to 30 only.
+        let one_look = trace(&|s| if s == 0 { "0,," } else { ",," });
+        assert_eq!(at(steps(&cfg(""), &one_look, Level::Full).unwrap()), ["30"]);
+    }
+
+    #[test]
+    fn member_columns_are_read_by_name_and_a_well_member_changes_no_step() {
         let mut plain = String::from("t,some_avg10,mem_available_kb\n");
         let mut with = format!("etcd_slow_applies,t,some_avg10,mem_available_kb,{}\n", &MEMBER_COLUMNS[..5].join(","));
         for t in (0..=200).step_by(10) {

@@ -192,7 +192,7 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             psi_source,
             memory_source,
             memory_cgroup,
-            reading: settings.classify(&sample),
+            reading: settings.classify(&sample, &etcd_member.as_ref().map(|m| m.signals()).unwrap_or_default()),
             psi: sample.psi,
             step_up: settings.step_up,
             watch_running: published.is_some(),

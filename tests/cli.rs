@@ -150,6 +150,11 @@ fn record_prints_the_csv_simulate_reads() {
 /// in (4 ms, 8 ms], and `n` heartbeat send failures. Over the interval between two
 /// answers the p99 is then 7.96 ms (10 fsyncs, all slow); from zero it would be lower.
 fn etcd_metrics_listener() -> String {
+    etcd_metrics_listener_saying("true")
+}
+
+/// [`etcd_metrics_listener`] whose `/health` says `health` (`"false"`: not healthy).
+fn etcd_metrics_listener_saying(health: &'static str) -> String {
     use std::io::Read;
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -160,7 +165,7 @@ fn etcd_metrics_listener() -> String {
             let mut buf = [0u8; 1024];
             let got = s.read(&mut buf).unwrap_or(0);
             let body = if buf[..got].starts_with(b"GET /health") {
-                "{\"health\":\"true\",\"reason\":\"\"}".to_string()
+                format!("{{\"health\":\"{health}\",\"reason\":\"\"}}")
             } else {
                 n += 1;
                 let slow = 1000 + 10 * n;
@@ -280,6 +285,60 @@ fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
     }
     // A dry run leaves the real watch's state file alone.
     assert!(!f.dir.path().join("state.json").exists());
+}
+
+/// PSI over the threshold with available memory above the floor (1 GiB here) is over
+/// while the local etcd member is in distress, neither while it is well or with
+/// `etcd.distress_overrides_floor = false`: as `status` reads it (a look of its own).
+#[test]
+fn status_reads_over_the_floor_when_the_member_is_in_distress() {
+    let reading = |health: &'static str, extra: &str| {
+        let url = etcd_metrics_listener_saying(health);
+        let f = Fixture::new(OVER_PSI, 4_000_000, &format!("[etcd]\nmetrics_url = {url:?}\n{extra}"));
+        let out = f.regrade(&["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["reading"].as_str().unwrap().to_string()
+    };
+    assert_eq!(reading("false", ""), "over");
+    assert_eq!(reading("true", ""), "neither");
+    assert_eq!(reading("false", "distress_overrides_floor = false"), "neither");
+}
+
+/// `watch` steps on it, and says why: the member's look, not the floor.
+#[test]
+fn watch_dry_run_steps_over_the_floor_when_the_member_is_not_healthy() {
+    let url = etcd_metrics_listener_saying("false");
+    let f = Fixture::new(OVER_PSI, 4_000_000, &format!("[etcd]\nmetrics_url = {url:?}\nmetrics_interval = \"1s\""));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_regrade"))
+        .arg("--config")
+        .arg(f.config())
+        .args(["watch", "--dry-run"])
+        .env_remove("NOTIFY_SOCKET")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: a watch that never steps is killed, and its log read to the end.
+    let pid = child.id() as i32;
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    while !err.contains("dry run: would apply level") {
+        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
+        assert!(n > 0, "watch ended before a step: {err}");
+    }
+    signal(&child, libc::SIGTERM);
+    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
+    assert!(child.wait().unwrap().success(), "{err}");
+    assert!(
+        err.contains("reading now over") && err.contains("the local etcd member is in distress: not healthy"),
+        "{err}"
+    );
+    let step = err.lines().find(|l| l.contains("dry run: would apply level")).unwrap();
+    assert!(step.contains("from=full") && step.contains("to=control-plane"), "{step}");
 }
 
 /// A hand step, with the step lock held by another process (here the test, as `watch`

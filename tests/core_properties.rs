@@ -5,27 +5,41 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use regrade::decide::StepUp;
-use regrade::decide::{Direction, Reading, Settings, State};
+use regrade::decide::{Direction, DistressLimits, MemberSignals, Reading, Settings, State};
 use regrade::level::Level;
 use regrade::sample::{Metric, Sample};
 
 fn settings() -> impl Strategy<Value = Settings> {
-    (0.0f64..100.0, 0.0f64..1.0, proptest::option::of(0u64..4096), 1u64..120, 0u64..300, any::<bool>()).prop_map(
-        |(threshold, calm_frac, floor, sustain, cooldown, manual)| Settings {
+    (0.0f64..100.0, 0.0f64..1.0, proptest::option::of(0u64..4096), 1u64..120, 0u64..300, any::<bool>(), any::<bool>())
+        .prop_map(|(threshold, calm_frac, floor, sustain, cooldown, manual, distress)| Settings {
             metric: Metric::SomeAvg10,
             threshold,
             calm_threshold: threshold * calm_frac,
             mem_available_floor: floor,
+            distress_overrides_floor: distress.then_some(LIMITS),
             sustain: Duration::from_secs(sustain),
             cooldown: Duration::from_secs(cooldown),
             step_up: if manual { StepUp::Manual } else { StepUp::Automatic },
-        },
-    )
+        })
 }
 
-/// A trace: (seconds since the previous sample, pressure, MemAvailable, refused?).
-fn trace() -> impl Strategy<Value = Vec<(u64, f64, u64, bool)>> {
-    prop::collection::vec((1u64..30, 0.0f64..100.0, 0u64..8192, prop::bool::weighted(0.2)), 1..400)
+const LIMITS: DistressLimits =
+    DistressLimits { wal_fsync_p99: Duration::from_secs(1), backend_commit_p99: Duration::from_secs(1) };
+
+/// The local etcd member's look: healthy, not healthy, or none.
+fn member(healthy: Option<bool>) -> MemberSignals {
+    MemberSignals { healthy, ..Default::default() }
+}
+
+/// A trace: (seconds since the previous sample, pressure, MemAvailable, refused?, the
+/// member's health).
+type Trace = Vec<(u64, f64, u64, bool, Option<bool>)>;
+
+fn trace() -> impl Strategy<Value = Trace> {
+    prop::collection::vec(
+        (1u64..30, 0.0f64..100.0, 0u64..8192, prop::bool::weighted(0.2), proptest::option::of(any::<bool>())),
+        1..400,
+    )
 }
 
 fn levels() -> impl Strategy<Value = Vec<Level>> {
@@ -45,17 +59,17 @@ struct Ran {
 }
 
 /// Runs the trace through the core; steps are refused where the trace says so.
-fn run(s: &Settings, levels: &[Level], start: Level, trace: &[(u64, f64, u64, bool)]) -> Vec<Ran> {
+fn run(s: &Settings, levels: &[Level], start: Level, trace: &[(u64, f64, u64, bool, Option<bool>)]) -> Vec<Ran> {
     let mut state = State::new(start);
     let mut t = Duration::ZERO;
     let mut ran = vec![];
-    for &(dt, p, avail, refused) in trace {
+    for &(dt, p, avail, refused, healthy) in trace {
         t += Duration::from_secs(dt);
         let mut sample = Sample::default();
         sample.psi.some[0] = p;
         sample.mem_available = avail;
         let before = state;
-        if let Some(step) = state.observe(s, levels, t, s.classify(&sample)) {
+        if let Some(step) = state.observe(s, levels, t, s.classify(&sample, &member(healthy))) {
             assert_eq!(step.from, before.level, "a step starts at the current level");
             if refused {
                 continue;
@@ -104,12 +118,12 @@ proptest! {
     fn a_neither_sample_always_ends_both_streaks(s in settings(), trace in trace()) {
         let mut state = State::new(Level::ControlPlane);
         let mut t = Duration::ZERO;
-        for (dt, p, avail, _) in trace {
+        for (dt, p, avail, _, healthy) in trace {
             t += Duration::from_secs(dt);
             let mut sample = Sample::default();
             sample.psi.some[0] = p;
             sample.mem_available = avail;
-            let reading = s.classify(&sample);
+            let reading = s.classify(&sample, &member(healthy));
             state.observe(&s, &Level::ALL, t, reading);
             match reading {
                 Reading::Neither => prop_assert_eq!((state.over_since, state.calm_since), (None, None)),
@@ -120,14 +134,18 @@ proptest! {
     }
 
     #[test]
-    fn a_sample_is_never_over_and_calm_rules_are_exclusive(s in settings(), p in 0.0f64..100.0, avail in 0u64..8192) {
+    fn a_sample_is_never_over_and_calm_rules_are_exclusive(
+        s in settings(), p in 0.0f64..100.0, avail in 0u64..8192, healthy in proptest::option::of(any::<bool>())
+    ) {
         let mut sample = Sample::default();
         sample.psi.some[0] = p;
         sample.mem_available = avail;
-        let over = p >= s.threshold && s.mem_available_floor.is_none_or(|f| avail < f);
+        // Over: PSI at the threshold and under the floor, or (when on) the member not healthy.
+        let distress = s.distress_overrides_floor.is_some() && healthy == Some(false);
+        let over = p >= s.threshold && (s.mem_available_floor.is_none_or(|f| avail < f) || distress);
         let calm = p < s.calm_threshold && s.mem_available_floor.is_none_or(|f| avail >= f);
         prop_assert!(!(over && calm));
         let expected = if over { Reading::Over } else if calm { Reading::Calm } else { Reading::Neither };
-        prop_assert_eq!(s.classify(&sample), expected);
+        prop_assert_eq!(s.classify(&sample, &member(healthy)), expected);
     }
 }

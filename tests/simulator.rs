@@ -627,7 +627,10 @@ impl Server {
     /// the one that binds.
     fn check_reading(&self, i: usize, w: &Shared) {
         let mut sampler = Sampler::for_config(&self.cfg.pressure).unwrap();
-        let reading = self.cfg.core_settings().classify(&sampler.sample().unwrap());
+        // No look at the member: the world's pressure alone (a member in distress only
+        // ever adds an over reading where PSI is over already).
+        let no_look = regrade::decide::MemberSignals::default();
+        let reading = self.cfg.core_settings().classify(&sampler.sample().unwrap(), &no_look);
         let want = if self.over { Reading::Over } else { Reading::Calm };
         if reading != want {
             let what = if self.cgroup { " (a cgroup whose slice's limit binds)" } else { "" };

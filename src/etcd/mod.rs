@@ -71,6 +71,10 @@ pub struct EtcdConfig {
     pub wal_fsync_p99_limit: HumanDuration,
     /// ... or at a backend commit p99 at or over this.
     pub backend_commit_p99_limit: HumanDuration,
+    /// PSI at or over `pressure.threshold` while the member is in distress is over
+    /// even with available memory above `pressure.mem_available_floor`
+    /// (docs/behaviour.md, "Decision rules"). `false`: the floor alone.
+    pub distress_overrides_floor: bool,
 }
 
 /// Where k3s keeps etcd's certificates.
@@ -98,6 +102,9 @@ impl Default for EtcdConfig {
             // rig member here 0.24 s under other tests' load), where the restart finishes.
             wal_fsync_p99_limit: HumanDuration(Duration::from_secs(1)),
             backend_commit_p99_limit: HumanDuration(Duration::from_secs(1)),
+            // On: on a 2 GiB host the member stopped answering 20-50 s before the
+            // floor was crossed (docs/incident-vm.md).
+            distress_overrides_floor: true,
         }
     }
 }
@@ -147,9 +154,22 @@ impl EtcdConfig {
         crate::decide::EtcdOnlyCost {
             hold: self.hold_at_control_plane,
             drain_freed_at_least: self.drain_freed_at_least.0,
-            wal_fsync_p99_limit: self.wal_fsync_p99_limit.0,
-            backend_commit_p99_limit: self.backend_commit_p99_limit.0,
+            limits: self.distress_limits(),
         }
+    }
+
+    /// When the member is in distress (`etcd.wal_fsync_p99_limit`,
+    /// `etcd.backend_commit_p99_limit`).
+    pub fn distress_limits(&self) -> crate::decide::DistressLimits {
+        crate::decide::DistressLimits {
+            wal_fsync_p99: self.wal_fsync_p99_limit.0,
+            backend_commit_p99: self.backend_commit_p99_limit.0,
+        }
+    }
+
+    /// How old a look at the member may be and still count: three looks' worth.
+    pub fn member_look_max_age(&self) -> Duration {
+        self.metrics_interval.0 * 3 + self.request_timeout.0 * 2
     }
 }
 

@@ -1,7 +1,12 @@
 //! The local etcd member's columns of a trace, after the pressure columns:
 //! `record --etcd-member` writes them from what [`crate::etcd::member::look`] sees at its
 //! metrics listener (`etcd.metrics_url`), and `simulate` reads them by name for the plot.
-//! They play no part in the replayed steps: the core decides on pressure alone.
+//! The replay gives the core each row's look (or the last one, while it is fresh), as
+//! `watch` gives it its last look: with `etcd.distress_overrides_floor`, a member in
+//! distress makes PSI over the threshold over whatever the floor says. `record` looks
+//! every row, each request within 45 % of the interval, where `watch` looks every
+//! `etcd.metrics_interval` within `etcd.request_timeout`: a trace recorded at 1 s sees
+//! a slow member as "not healthy" sooner than `watch` would.
 
 use std::io::Write;
 use std::time::Duration;
@@ -50,6 +55,22 @@ impl MemberCells {
             heartbeat_send_failures: scrape.map(|s| s.heartbeat_failures),
             slow_applies: scrape.map(|s| s.slow_applies),
             leader_changes: scrape.map(|s| s.leader_changes),
+        }
+    }
+
+    /// Whether the row had a look that answered anything (all empty: no look, or
+    /// nothing listening).
+    pub fn looked(&self) -> bool {
+        *self != MemberCells::default()
+    }
+
+    /// The core's view of this look.
+    pub fn signals(&self) -> crate::decide::MemberSignals {
+        let ms = |v: Option<f64>| v.map(|ms| Duration::from_secs_f64(ms / 1000.0));
+        crate::decide::MemberSignals {
+            healthy: self.healthy,
+            wal_fsync_p99: ms(self.wal_fsync_p99_ms),
+            backend_commit_p99: ms(self.backend_commit_p99_ms),
         }
     }
 

@@ -339,7 +339,7 @@ impl<'a> Watcher<'a> {
     /// look if it is fresh (three looks' worth).
     fn etcd_only_held(&self, step: &Step) -> Option<crate::cluster::Refusal> {
         let etcd = &self.cfg.etcd;
-        let member = crate::etcd::member::fresh_signals(etcd.metrics_interval.0 * 3 + etcd.request_timeout.0 * 2);
+        let member = crate::etcd::member::fresh_signals(etcd.member_look_max_age());
         self.ticker.etcd_only_held(step, &etcd.etcd_only_cost(), &member)
     }
 
@@ -488,7 +488,16 @@ fn say_what_is_read(cfg: &Config, mode: Mode, memory: &str) {
     let metric = p.metric.as_str();
     let (over, calm) = match p.mem_available_floor {
         Some(f) => (
-            format!("{metric} >= {}% and available memory below {} MiB", p.threshold, f.0 >> 20),
+            format!(
+                "{metric} >= {}% and available memory below {} MiB{}",
+                p.threshold,
+                f.0 >> 20,
+                if cfg.etcd.distress_overrides_floor && cfg.etcd.metrics_url().is_some() {
+                    " (or the local etcd member in distress)"
+                } else {
+                    ""
+                }
+            ),
             format!("{metric} below {}% and available memory at least {} MiB", cfg.calm_threshold(), f.0 >> 20),
         ),
         None => (format!("{metric} >= {}%", p.threshold), format!("{metric} below {}%", cfg.calm_threshold())),

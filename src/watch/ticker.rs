@@ -46,6 +46,8 @@ pub struct Ticker {
     /// Available memory when the step into `control-plane` that holds now was decided:
     /// what its drain freed is measured from it (`decide::weigh_etcd_only`).
     drain_baseline: Option<u64>,
+    /// How old a look at the local etcd member may be and still count.
+    member_max_age: Duration,
 }
 
 impl Ticker {
@@ -66,6 +68,7 @@ impl Ticker {
             last_available: None,
             available_at_decision: None,
             drain_baseline: None,
+            member_max_age: cfg.etcd.member_look_max_age(),
         }
     }
 
@@ -101,7 +104,9 @@ impl Ticker {
         };
         self.good_samples += 1;
         self.last_available = Some(sample.mem_available);
-        let reading = self.settings.classify(&sample);
+        // The member's last look (a lock and a copy; no request on this path).
+        let member = crate::etcd::member::fresh_signals(self.member_max_age);
+        let reading = self.settings.classify(&sample, &member);
         let pressure = sample.metric(self.settings.metric);
         let proposed = self.state.observe(&self.settings, &self.levels, t, reading);
         METRICS.sampled(&sample, reading);
@@ -125,9 +130,15 @@ impl Ticker {
             // explain a step. Allocates (the log line), but only on a change.
             let was = self.last_reading.map_or("none", Reading::as_str);
             self.last_reading = Some(reading);
+            let distress = match self.settings.over_by_distress(&sample, &member) {
+                Some(d) if reading == Reading::Over => {
+                    format!(" (over the floor, but the local etcd member is in distress: {d})")
+                }
+                _ => String::new(),
+            };
             tracing::info!(
                 level = %self.state.level, pressure, available = sample.mem_available, decision = reading.as_str(),
-                "reading now {} (was {was}): {} {pressure:.2}%, MemAvailable {} MiB",
+                "reading now {} (was {was}): {} {pressure:.2}%, MemAvailable {} MiB{distress}",
                 reading.as_str(), self.settings.metric.as_str(), sample.mem_available >> 20
             );
         }
