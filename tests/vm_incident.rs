@@ -50,7 +50,8 @@
 //!   REGRADE_TEST_VM=1 cargo test --test vm_incident -- --nocapture
 //!   REGRADE_TEST_VM=1 REGRADE_VM_ARMS=regrade cargo test --test vm_incident -- --nocapture
 //! REGRADE_VM_BIN=PATH installs that regrade binary in the guest (default: this test's
-//! debug build); REGRADE_VM_PRESSURE adds `[pressure]` keys to regrade's arm.
+//! debug build); REGRADE_VM_PRESSURE adds `[pressure]` keys to regrade's arm;
+//! `regrade-floor-alone` runs regrade with `etcd.distress_overrides_floor = false`.
 
 mod common;
 #[path = "vm/guest.rs"]
@@ -89,6 +90,10 @@ const ARMS: [&str; 4] = ["regrade", "earlyoom", "systemd-oomd", "nothing"];
 /// The kubelet's system-reserved memory (packaging/k3s/40-regrade-reserved.yaml) is not
 /// in this lane: the kubelet stand-in does not cap kubepods.slice.
 const PROTECTIONS: [&str; 2] = ["memory-low", "oom-score"];
+/// `regrade-floor-alone` (after any protection suffix): regrade with
+/// `etcd.distress_overrides_floor = false`, appended to its config for that arm only:
+/// the floor alone, beside the member's distress standing in for it.
+const FLOOR_ALONE: &str = "-floor-alone";
 const ARMS_ENV: &str = "REGRADE_VM_ARMS";
 /// More `[pressure]` keys for regrade's arm, `;`-separated (e.g. `threshold = 30;
 /// mem_available_floor = "768MiB"`): to try other settings on the same thrash, or to
@@ -117,8 +122,9 @@ fn arms_to_run() -> Vec<String> {
     let asked: Vec<String> = asked.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
     for a in &asked {
         assert!(
-            ARMS.contains(&tool(a)) && protections_off(a).is_some(),
-            "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected)",
+            ARMS.contains(&tool(a)) && protections_off(a).is_some() && (!floor_alone(a) || tool(a) == "regrade"),
+            "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected; \
+             regrade also with {FLOOR_ALONE} last)",
             ARMS.join(", "),
             PROTECTIONS.join("|")
         );
@@ -128,11 +134,18 @@ fn arms_to_run() -> Vec<String> {
 
 /// The arm's tool: `regrade` of `regrade-without-memory-low`.
 fn tool(arm: &str) -> &str {
+    let arm = arm.strip_suffix(FLOOR_ALONE).unwrap_or(arm);
     arm.split_once("-without-").map_or(arm.strip_suffix("-unprotected").unwrap_or(arm), |(t, _)| t)
+}
+
+/// Whether the arm runs regrade with the floor alone.
+fn floor_alone(arm: &str) -> bool {
+    arm.ends_with(FLOOR_ALONE)
 }
 
 /// The protections the arm turns off; `None` for a name that is no arm.
 fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
+    let arm = arm.strip_suffix(FLOOR_ALONE).unwrap_or(arm);
     if arm.ends_with("-unprotected") {
         return Some(PROTECTIONS.to_vec());
     }
@@ -385,6 +398,10 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         }
         let protections = set_protections(g, &protections_off(arm).unwrap_or_default());
         phase(&format!("arm {arm}: protections in force: {protections}"));
+        // The arm's own config section, taken out again when it ends.
+        if floor_alone(arm) {
+            g.sh("printf '\\n[etcd]\\ndistress_overrides_floor = false\\n' >> /etc/regrade/regrade.toml", LONG);
+        }
         let setup = match tool {
             "regrade" => "systemctl start regrade.service",
             "earlyoom" => "systemctl start earlyoom.service",
@@ -472,6 +489,9 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             None,
             LONG,
         );
+        if floor_alone(arm) {
+            g.sh("sed -i '/^\\[etcd\\]$/,$d' /etc/regrade/regrade.toml", LONG);
+        }
         let mut row = Row { arm: arm.into(), ..Row::default() };
         row.notes.push(format!("protections in force: {protections}"));
         let member_lines: Vec<(f64, String)> =
@@ -771,4 +791,9 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
         ("systemd-oomd", Some(PROTECTIONS.to_vec()))
     );
     assert_eq!(protections_off("nothing-without-swap"), None);
+    assert_eq!(
+        (tool("regrade-unprotected-floor-alone"), protections_off("regrade-unprotected-floor-alone")),
+        ("regrade", Some(PROTECTIONS.to_vec()))
+    );
+    assert!(floor_alone("regrade-floor-alone") && !floor_alone("regrade"));
 }
