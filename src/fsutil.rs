@@ -75,7 +75,48 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: Option<&str>) -> io::R
         kill_point::in_write(write, Moment::BeforeDirFsync);
         sync_dir(dir, write)?;
     }
+    remove_stale_temporaries(dir, path);
     Ok(f)
+}
+
+/// Removes the temporaries of `path` that a writer left when it died mid-write (a
+/// crash, a power cut): those of a process that no longer runs, or written before
+/// this boot. Best effort: nothing reads them, they only take room. A live writer's
+/// temporary (another process writing the same path now) is left alone.
+fn remove_stale_temporaries(dir: &Path, path: &Path) {
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    let prefix = format!(".{name}.");
+    let booted = boot_time();
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(pid) = file.to_str().and_then(|f| temporary_writer(f, &prefix)) else { continue };
+        if pid == std::process::id() {
+            continue;
+        }
+        let before_boot = || {
+            let mtime = e.metadata().and_then(|m| m.modified()).ok();
+            matches!((mtime, booted), (Some(m), Some(b)) if m < b)
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() || before_boot() {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The writer's PID of a temporary named as [`create_temp`] names them
+/// (`<prefix><pid>-<n>.tmp`).
+fn temporary_writer(file: &str, prefix: &str) -> Option<u32> {
+    let (pid, n) = file.strip_prefix(prefix)?.strip_suffix(".tmp")?.split_once('-')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// When this boot began (`btime` of /proc/stat).
+fn boot_time() -> Option<std::time::SystemTime> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let secs: u64 = stat.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }
 
 /// Removes `path` durably (the directory is fsynced after). A missing file is not an
@@ -241,6 +282,28 @@ mod tests {
         }
         assert_eq!(fs::read(&p).unwrap(), b"new");
         assert!(stale.iter().all(|s| fs::read(s).unwrap() == b"stale"));
+    }
+
+    #[test]
+    fn a_dead_writers_temporaries_are_removed_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        // No process has this PID (past any pid_max); PID 1 always runs.
+        let dead = dir.path().join(".f.4294967294-7.tmp");
+        let live = dir.path().join(".f.1-3.tmp");
+        let before_boot = dir.path().join(".f.1-4.tmp");
+        let other = dir.path().join(".g.4294967294-7.tmp");
+        for s in [&dead, &live, &before_boot, &other] {
+            fs::write(s, b"stale").unwrap();
+        }
+        File::options().write(true).open(&before_boot).unwrap().set_modified(std::time::UNIX_EPOCH).unwrap();
+        write_atomic(&p, b"new", 0o644, "t").unwrap();
+        assert!(!dead.exists(), "a dead writer's temporary stays");
+        assert!(!before_boot.exists(), "a temporary from before this boot stays");
+        assert!(live.exists() && other.exists(), "a live writer's, or another file's, temporary went");
+        assert_eq!(temporary_writer(".f.12-0.tmp", ".f."), Some(12));
+        assert_eq!(temporary_writer(".f.x-0.tmp", ".f."), None);
+        assert_eq!(temporary_writer(".f.12.tmp", ".f."), None);
     }
 
     #[test]
