@@ -31,6 +31,18 @@ impl Fixture {
         self.dir.path().join("regrade.toml")
     }
 
+    /// `regrade` with `args`, running, its stderr piped.
+    fn spawn(&self, args: &[&str]) -> std::process::Child {
+        Command::new(env!("CARGO_BIN_EXE_regrade"))
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
     fn regrade(&self, args: &[&str]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_regrade"))
             .arg("--config")
@@ -257,14 +269,7 @@ fn watch_dry_run_steps_down_then_up_and_stops_on_sigterm() {
     // The step into etcd-only is not weighed here (nothing is drained in a dry run, so
     // it would be held at control-plane: watch::tests has that).
     let f = Fixture::new(OVER_PSI, 1000, "[etcd]\nhold_at_control_plane = false");
-    let child = Command::new(env!("CARGO_BIN_EXE_regrade"))
-        .arg("--config")
-        .arg(f.config())
-        .args(["watch", "--dry-run"])
-        .env_remove("NOTIFY_SOCKET")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = f.spawn(&["watch", "--dry-run"]);
     // Over for 300 ms sustained, cooldown 300 ms: two steps down within ~2 s.
     std::thread::sleep(Duration::from_millis(2000));
     f.write_pressure(CALM_PSI, 4_000_000);
@@ -310,35 +315,35 @@ fn status_reads_over_the_floor_when_the_member_is_in_distress() {
 fn watch_dry_run_steps_over_the_floor_when_the_member_is_not_healthy() {
     let url = etcd_metrics_listener_saying("false");
     let f = Fixture::new(OVER_PSI, 4_000_000, &format!("[etcd]\nmetrics_url = {url:?}\nmetrics_interval = \"1s\""));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_regrade"))
-        .arg("--config")
-        .arg(f.config())
-        .args(["watch", "--dry-run"])
-        .env_remove("NOTIFY_SOCKET")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = f.spawn(&["watch", "--dry-run"]);
     // Bounded: a watch that never steps is killed, and its log read to the end.
     let pid = child.id() as i32;
     std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(60));
         unsafe { libc::kill(pid, libc::SIGKILL) };
     });
-    let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut err = String::new();
-    while !err.contains("dry run: would apply level") {
-        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
-        assert!(n > 0, "watch ended before a step: {err}");
-    }
-    signal(&child, libc::SIGTERM);
-    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
-    assert!(child.wait().unwrap().success(), "{err}");
+    let (err, status) = logs_until_then_sigterm(&mut child, "dry run: would apply level");
+    assert!(status.success(), "{err}");
     assert!(
         err.contains("reading now over") && err.contains("the local etcd member is in distress: not healthy"),
         "{err}"
     );
     let step = err.lines().find(|l| l.contains("dry run: would apply level")).unwrap();
     assert!(step.contains("from=full") && step.contains("to=control-plane"), "{step}");
+}
+
+/// Reads `child`'s stderr until it holds `needle`, sends SIGTERM and reads the rest:
+/// the whole log and how the child ended. Panics, with the log, if it ends first.
+fn logs_until_then_sigterm(child: &mut std::process::Child, needle: &str) -> (String, std::process::ExitStatus) {
+    let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    while !err.contains(needle) {
+        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
+        assert!(n > 0, "ended before {needle:?}: {err}");
+    }
+    signal(child, libc::SIGTERM);
+    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
+    (err, child.wait().unwrap())
 }
 
 /// A hand step, with the step lock held by another process (here the test, as `watch`
@@ -397,15 +402,7 @@ fn a_hand_step_whose_stdout_fails_does_not_panic() {
     let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
     let (mut child, _lock) = hand_step_behind_a_held_lock(&f, Stdio::from(full));
     // Its log says it waits; the line on stdout before it has failed by then.
-    let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut err = String::new();
-    while !err.contains("waiting for the step lock") {
-        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
-        assert!(n > 0, "ended before waiting for the lock: {err}");
-    }
-    signal(&child, libc::SIGTERM);
-    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
-    let status = child.wait().unwrap();
+    let (err, status) = logs_until_then_sigterm(&mut child, "waiting for the step lock");
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("SIGTERM: stopped while waiting for the step lock"), "{err}");
