@@ -59,9 +59,10 @@ impl Settings {
     }
 
     /// The member's distress, when it alone makes this sample over: PSI at or over
-    /// `threshold`, available memory at or above the floor. Measured on a 2 GiB host
-    /// (docs/incident-vm.md): PSI passed 40 % and the member stopped answering its
-    /// health checks 20-50 s before available memory fell under the 512 MiB floor.
+    /// `threshold`, available memory at or above the floor. Measured on a loaded 2 GiB
+    /// host (docs/incident-vm.md): PSI passed 40 % and the member stopped answering
+    /// its health checks tens of seconds before available memory fell under the
+    /// 512 MiB floor (on an idle one the floor came first, and this never acted).
     pub fn over_by_distress(&self, s: &Sample, member: &MemberSignals) -> Option<Distress> {
         let limits = self.distress_overrides_floor?;
         let floor_holds = self.mem_available_floor.is_some_and(|floor| s.mem_available >= floor);
