@@ -87,16 +87,17 @@ fn remove_stale_temporaries(dir: &Path, path: &Path) {
     let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
     let Ok(entries) = fs::read_dir(dir) else { return };
     let prefix = format!(".{name}.");
-    let booted = boot_time();
+    // Read only when a temporary of another process is found (most writes find none).
+    let mut booted = None;
     for e in entries.flatten() {
         let file = e.file_name();
         let Some(pid) = file.to_str().and_then(|f| temporary_writer(f, &prefix)) else { continue };
         if pid == std::process::id() {
             continue;
         }
-        let before_boot = || {
+        let mut before_boot = || {
             let mtime = e.metadata().and_then(|m| m.modified()).ok();
-            matches!((mtime, booted), (Some(m), Some(b)) if m < b)
+            matches!((mtime, *booted.get_or_insert_with(boot_time)), (Some(m), Some(b)) if m < b)
         };
         if !Path::new(&format!("/proc/{pid}")).exists() || before_boot() {
             let _ = fs::remove_file(e.path());
