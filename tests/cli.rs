@@ -316,12 +316,6 @@ fn watch_dry_run_steps_over_the_floor_when_the_member_is_not_healthy() {
     let url = etcd_metrics_listener_saying("false");
     let f = Fixture::new(OVER_PSI, 4_000_000, &format!("[etcd]\nmetrics_url = {url:?}\nmetrics_interval = \"1s\""));
     let mut child = f.spawn(&["watch", "--dry-run"]);
-    // Bounded: a watch that never steps is killed, and its log read to the end.
-    let pid = child.id() as i32;
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(60));
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
     let (err, status) = logs_until_then_sigterm(&mut child, "dry run: would apply level");
     assert!(status.success(), "{err}");
     assert!(
@@ -333,16 +327,34 @@ fn watch_dry_run_steps_over_the_floor_when_the_member_is_not_healthy() {
 }
 
 /// Reads `child`'s stderr until it holds `needle`, sends SIGTERM and reads the rest:
-/// the whole log and how the child ended. Panics, with the log, if it ends first.
+/// the whole log and how the child ended. Panics, with the log, if it ends first or
+/// `needle` does not come within a minute (the child is killed then).
 fn logs_until_then_sigterm(child: &mut std::process::Child, needle: &str) -> (String, std::process::ExitStatus) {
+    use std::sync::mpsc::RecvTimeoutError;
     let mut logs = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (lines, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || loop {
+        let mut line = String::new();
+        match std::io::BufRead::read_line(&mut logs, &mut line) {
+            Ok(n) if n > 0 && lines.send(line).is_ok() => {}
+            _ => break,
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut err = String::new();
     while !err.contains(needle) {
-        let n = std::io::BufRead::read_line(&mut logs, &mut err).unwrap();
-        assert!(n > 0, "ended before {needle:?}: {err}");
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => err.push_str(&line),
+            Err(RecvTimeoutError::Disconnected) => panic!("ended before {needle:?}: {err}"),
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("no {needle:?} within 60 s: {err}");
+            }
+        }
     }
     signal(child, libc::SIGTERM);
-    std::io::Read::read_to_string(&mut logs, &mut err).unwrap();
+    err.extend(rx.iter());
+    reader.join().unwrap();
     (err, child.wait().unwrap())
 }
 
