@@ -58,6 +58,8 @@
 mod common;
 #[path = "incident/member.rs"]
 mod member;
+#[path = "incident/shared.rs"]
+mod shared;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -890,7 +892,7 @@ async fn scenario(
             }
             "regrade" | HELD => {
                 if arm == HELD {
-                    pdb(&a2, true).await;
+                    shared::pdb(&a2, true).await;
                     let set = format!("s/^\\[pressure\\]$/[pressure]\\nthreshold = {HELD_THRESHOLD}/");
                     s1.exec(&["sed", "-i", &set, "/etc/regrade/regrade.toml"]);
                 }
@@ -1003,10 +1005,8 @@ async fn scenario(
         // Deployment's new pod goes to another Node, and the process on server1 dies.
         let mut resolved = None;
         if arm == HELD {
-            pdb(&a2, false).await;
-            let pods: Api<Pod> = Api::namespaced(a2.clone(), "default");
-            let dp = kube::api::DeleteParams { grace_period_seconds: Some(1), ..Default::default() };
-            pods.delete_collection(&dp, &ListParams::default().labels("app=hog")).await.unwrap();
+            shared::pdb(&a2, false).await;
+            shared::delete_hog_pods(&a2).await;
             resolved = Some(now());
             phase(&format!(
                 "arm {arm}: the budget and the pod deleted at +{:.1}s (server1 {})",
@@ -1251,17 +1251,6 @@ fn keys_set(toml: &str) -> String {
         }
     }
     keys.join(", ")
-}
-
-/// The PodDisruptionBudget `hog` (minAvailable 1): made, or deleted.
-async fn pdb(c: &kube::Client, make: bool) {
-    let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
-    if make {
-        let b = json!({"metadata": {"name": "hog"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hog"}}}});
-        api.create(&PostParams::default(), &serde_json::from_value(b).unwrap()).await.unwrap();
-    } else {
-        api.delete("hog", &Default::default()).await.unwrap();
-    }
 }
 
 fn earlyoom_path() -> &'static str {

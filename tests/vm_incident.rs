@@ -24,6 +24,13 @@
 //!   cooldown 20s and the drains' timeouts 30s, printed); ends 15 s after relief
 //!   (the guest's PSI some avg10 back under 40 %), then waits up to 120 s for
 //!   regrade's steps back to full;
+//! - **held**: regrade again, the workload's pod held on server1 by a
+//!   PodDisruptionBudget (minAvailable 1 of 1), so the drains free nothing and regrade
+//!   goes on to etcd-only; the thrash goes on 120 s after k3s's restart into etcd-only
+//!   (how long server1's member is away after it, issue 40), then the test deletes the
+//!   budget and the pod through server2, as an operator would, and waits up to 180 s
+//!   for regrade's steps back to full. Bound: 420 s (540 s if no step into etcd-only
+//!   was decided by then);
 //! - **earlyoom**: Debian's earlyoom.service with Debian's defaults, in the guest;
 //! - **systemd-oomd**: Debian's systemd-oomd with its oomd.conf defaults, acting on
 //!   kubepods.slice through `ManagedOOMMemoryPressure=kill`
@@ -43,7 +50,9 @@
 //!
 //! Judged (regrade's arm): server1's etcd member kept with its ID and healthy, and a
 //! step down decided before any OOM kill of k3s or etcd (the stand-in or its
-//! kube-apiserver, which in k3s are one process). Everything else is reported.
+//! kube-apiserver, which in k3s are one process). The held arm: server1 stepped into
+//! etcd-only (done) or held that step by its cost, came back to full, and kept its
+//! member. Everything else is reported.
 //!
 //! Gated by REGRADE_TEST_VM=1 (root; boots one qemu guest, which takes about a core).
 //! Run alone, every arm, or only some (`REGRADE_VM_ARMS=regrade` is what CI runs):
@@ -77,7 +86,22 @@ use shared::{
 };
 
 const GATE: &str = "REGRADE_TEST_VM";
-const ARMS: [&str; 4] = ["regrade", "earlyoom", "systemd-oomd", "nothing"];
+const ARMS: [&str; 5] = ["regrade", HELD, "earlyoom", "systemd-oomd", "nothing"];
+/// regrade with the workload's pod held on server1 by a PodDisruptionBudget: the step
+/// into etcd-only under the thrash.
+const HELD: &str = "held";
+/// The held arm's bound: onset, the step into control-plane with its 30 s drain, the
+/// cooldown and sustain, the step into etcd-only with its drain, and 120 s after.
+const HELD_BOUND: Duration = Duration::from_secs(420);
+/// The held arm's bound when at [`HELD_BOUND`] no step into etcd-only was decided yet.
+const HELD_LATE_BOUND: Duration = Duration::from_secs(540);
+/// How long the held arm's thrash goes on after k3s's restart into etcd-only: long
+/// enough to see how long server1's member stays away under it (the aim: ≤ 20 s).
+const HELD_AFTER_RESTART: f64 = 120.0;
+/// The held arm's wait for full after the resolution: two steps up, each after calm,
+/// `sustain` and the cooldown, the first one restarting k3s.
+const HELD_BACK_TO_FULL: Duration = Duration::from_secs(180);
+const RESTART_REQUESTED: &str = "restart requested; waiting for a new process and etcd's health";
 /// The static protections packaging/ ships, in the guest as installed; an arm named
 /// `<arm>-without-<protection>` turns one off for that arm only, `<arm>-unprotected`
 /// both (issue 40: the figure each one moves, side by side in one run):
@@ -90,10 +114,13 @@ const ARMS: [&str; 4] = ["regrade", "earlyoom", "systemd-oomd", "nothing"];
 /// The kubelet's system-reserved memory (packaging/k3s/40-regrade-reserved.yaml) is not
 /// in this lane: the kubelet stand-in does not cap kubepods.slice.
 const PROTECTIONS: [&str; 2] = ["memory-low", "oom-score"];
-/// `regrade-floor-alone` (after any protection suffix): regrade with
-/// `etcd.distress_overrides_floor = false`, appended to its config for that arm only:
-/// the floor alone, beside the member's distress standing in for it.
-const FLOOR_ALONE: &str = "-floor-alone";
+/// Suffixes of a regrade or held arm (after any protection suffix, in this order) that
+/// set one `[etcd]` key for that arm only, appended to its config:
+/// - `-floor-alone`: the floor alone, beside the member's distress standing in for it;
+/// - `-no-hold`: the step into etcd-only never held at control-plane by its cost,
+///   beside the rule that holds it while the member is in distress.
+const ETCD_SUFFIXES: [(&str, &str); 2] =
+    [("-floor-alone", "distress_overrides_floor = false"), ("-no-hold", "hold_at_control_plane = false")];
 const ARMS_ENV: &str = "REGRADE_VM_ARMS";
 /// More `[pressure]` keys for regrade's arm, `;`-separated (e.g. `threshold = 30;
 /// mem_available_floor = "768MiB"`): to try other settings on the same thrash, or to
@@ -122,11 +149,14 @@ fn arms_to_run() -> Vec<String> {
     let asked: Vec<String> = asked.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
     for a in &asked {
         assert!(
-            ARMS.contains(&tool(a)) && protections_off(a).is_some() && (!floor_alone(a) || tool(a) == "regrade"),
+            ARMS.contains(&tool(a))
+                && protections_off(a).is_some()
+                && (etcd_keys(a).1.is_empty() || runs_regrade(tool(a))),
             "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected; \
-             regrade also with {FLOOR_ALONE} last)",
+             regrade and held also with {} last)",
             ARMS.join(", "),
-            PROTECTIONS.join("|")
+            PROTECTIONS.join("|"),
+            ETCD_SUFFIXES.map(|(s, _)| s).join(" and/or ")
         );
     }
     asked
@@ -134,18 +164,30 @@ fn arms_to_run() -> Vec<String> {
 
 /// The arm's tool: `regrade` of `regrade-without-memory-low`.
 fn tool(arm: &str) -> &str {
-    let arm = arm.strip_suffix(FLOOR_ALONE).unwrap_or(arm);
+    let arm = etcd_keys(arm).0;
     arm.split_once("-without-").map_or(arm.strip_suffix("-unprotected").unwrap_or(arm), |(t, _)| t)
 }
 
-/// Whether the arm runs regrade with the floor alone.
-fn floor_alone(arm: &str) -> bool {
-    arm.ends_with(FLOOR_ALONE)
+/// Whether the arm's tool is regrade (its own arm, or the held one).
+fn runs_regrade(tool: &str) -> bool {
+    tool == "regrade" || tool == HELD
+}
+
+/// The arm's name without its [`ETCD_SUFFIXES`], and the `[etcd]` keys they set.
+fn etcd_keys(arm: &str) -> (&str, Vec<&'static str>) {
+    let mut keys = Vec::new();
+    let mut rest = arm;
+    for (suffix, key) in ETCD_SUFFIXES.iter().rev() {
+        if let Some(r) = rest.strip_suffix(suffix) {
+            (rest, keys) = (r, [vec![*key], keys].concat());
+        }
+    }
+    (rest, keys)
 }
 
 /// The protections the arm turns off; `None` for a name that is no arm.
 fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
-    let arm = arm.strip_suffix(FLOOR_ALONE).unwrap_or(arm);
+    let arm = etcd_keys(arm).0;
     if arm.ends_with("-unprotected") {
         return Some(PROTECTIONS.to_vec());
     }
@@ -241,13 +283,25 @@ fn vm_incident() {
         t_start.elapsed().as_secs_f64(),
         guest.host_peak_mib()
     );
+    let said = |r: &Row| {
+        format!("steps: {}; OOM kills: {}; regrade's journal:\n{}", r.steps, r.oom_kills, r.journal.join("\n"))
+    };
+    for r in rows.iter().filter(|r| tool(&r.arm) == HELD) {
+        let arm = &r.arm;
+        assert!(
+            r.reached_etcd_only || r.held_at_control_plane,
+            "arm {arm}: regrade neither stepped server1 into etcd-only nor held that step by its cost; {}",
+            said(r)
+        );
+        assert!(r.round_trip, "arm {arm}: regrade did not step server1 back to full; {}", said(r));
+        assert!(r.member_kept, "arm {arm}: server1's etcd member did not survive: {}; {}", r.member, said(r));
+    }
     if let Some(r) = rows.iter().find(|r| r.arm == "regrade") {
-        let said =
-            format!("steps: {}; OOM kills: {}; regrade's journal:\n{}", r.steps, r.oom_kills, r.journal.join("\n"));
-        assert!(r.member_kept, "regrade's arm: server1's etcd member did not survive: {}; {said}", r.member);
+        assert!(r.member_kept, "regrade's arm: server1's etcd member did not survive: {}; {}", r.member, said(r));
         assert!(
             r.stepped_before_k3s_kill,
-            "regrade's arm: no step down decided before an OOM kill of k3s or etcd; {said}"
+            "regrade's arm: no step down decided before an OOM kill of k3s or etcd; {}",
+            said(r)
         );
     }
     drop(guest);
@@ -277,8 +331,15 @@ struct Row {
     v2_reading: String,
     notes: Vec<String>,
     journal: Vec<String>,
+    /// The held arm: server1's member in the 120 s after k3s's restart into etcd-only.
+    member_after_restart: String,
     member_kept: bool,
     stepped_before_k3s_kill: bool,
+    /// regrade stepped down and came back to full within the arm.
+    round_trip: bool,
+    reached_etcd_only: bool,
+    /// regrade refused the step into etcd-only by its cost (`etcd-only-held`).
+    held_at_control_plane: bool,
 }
 
 /// A kernel OOM kill as the guest's console printed it: host time, process, its score.
@@ -320,6 +381,11 @@ fn journal(g: &Guest, unit: &str, since: f64) -> Vec<(f64, String, Value)> {
         })
         .filter(|(t, ..)| *t >= since)
         .collect()
+}
+
+/// When `j` (a unit's journal) first has `message` with `key` = `value`.
+fn first_line(j: &[(f64, String, Value)], message: &str, key: &str, value: &str) -> Option<f64> {
+    j.iter().find(|(_, m, v)| m == message && field(v, key) == value).map(|(t, ..)| *t)
 }
 
 /// The arm's start: the workload gone, the cluster back as before, the guest calm.
@@ -398,18 +464,31 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         }
         let protections = set_protections(g, &protections_off(arm).unwrap_or_default());
         phase(&format!("arm {arm}: protections in force: {protections}"));
+        // The guest's CPU and server1's member as the arm starts: a member slow to
+        // answer on a calm guest is the rig's (one emulated CPU), not the thrash's.
+        let calm = g.sh(
+            "echo load $(cut -d' ' -f1-3 /proc/loadavg), cpu $(head -1 /proc/pressure/cpu); \
+             python3 -c 'import time,urllib.request as u; t=time.time(); b=u.urlopen(\"http://127.0.0.1:2381/health\",timeout=10).read(); print(\"etcd /health\", b.decode().strip(), \"in %.2f s\" % (time.time()-t))' 2>&1 | tail -1",
+            LONG,
+        );
+        phase(&format!("arm {arm}: guest at the start: {}", calm.split_whitespace().collect::<Vec<_>>().join(" ")));
         // The arm's own config section, taken out again when it ends.
-        if floor_alone(arm) {
-            g.sh("printf '\\n[etcd]\\ndistress_overrides_floor = false\\n' >> /etc/regrade/regrade.toml", LONG);
+        let etcd_keys = etcd_keys(arm).1;
+        if !etcd_keys.is_empty() {
+            let keys = etcd_keys.join("\\n");
+            g.sh(&format!("printf '\\n[etcd]\\n{keys}\\n' >> /etc/regrade/regrade.toml"), LONG);
+        }
+        if tool == HELD {
+            shared::pdb(&a2, true).await;
         }
         let setup = match tool {
-            "regrade" => "systemctl start regrade.service",
+            "regrade" | HELD => "systemctl start regrade.service",
             "earlyoom" => "systemctl start earlyoom.service",
             "systemd-oomd" => "systemctl start systemd-oomd.service",
             _ => "true",
         };
         g.sh(setup, LONG);
-        if tool == "regrade" {
+        if runs_regrade(tool) {
             let cfg = g.sh("cat /etc/regrade/regrade.toml", LONG);
             phase(&format!("regrade.service on server1 with {} (every other key default)", keys_set(&cfg)));
             let reads = g.sh("regrade check-config 2>&1 | grep -iE 'source|memory_cgroup|threshold|floor|sustain|cooldown|metric' || true", LONG);
@@ -449,8 +528,40 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
 
         let mut thrash = shared::Relief::default();
         let mut guest_died = false;
-        while now() - t0 < ARM_BOUND.as_secs_f64() {
+        // The held arm runs until 120 s after its restart into etcd-only (or its bound),
+        // and then the test resolves the incident as an operator would.
+        let mut restarted_etcd_only: Option<f64> = None;
+        let mut bound = if tool == HELD { HELD_BOUND } else { ARM_BOUND };
+        let mut polls = 0u32;
+        loop {
+            if now() - t0 >= bound.as_secs_f64() {
+                let j = journal(g, "regrade.service", t0);
+                let decided = first_line(&j, "stepping", "TO", "etcd-only").is_some()
+                    || first_line(&j, "step refused", "KIND", "etcd-only-held").is_some();
+                if tool == HELD && bound == HELD_BOUND && !decided {
+                    bound = HELD_LATE_BOUND;
+                    phase(&format!(
+                        "arm {arm}: no step into etcd-only decided yet; waiting up to {} s",
+                        bound.as_secs()
+                    ));
+                    continue;
+                }
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(250)).await;
+            polls += 1;
+            if tool == HELD && restarted_etcd_only.is_none() && polls % 8 == 0 {
+                restarted_etcd_only =
+                    first_line(&journal(g, "regrade.service", t0), RESTART_REQUESTED, "LEVEL", "etcd-only");
+                if let Some(t) = restarted_etcd_only {
+                    // The thrash runs its full time after the restart, whatever the bound.
+                    bound = bound.max(Duration::from_secs_f64(t - t0 + HELD_AFTER_RESTART + 1.0));
+                    phase(&format!("arm {arm}: k3s restart into etcd-only requested at +{:.1}s", t - t0));
+                }
+            }
+            if restarted_etcd_only.is_some_and(|t| now() - t >= HELD_AFTER_RESTART) {
+                break;
+            }
             let Some(s) = g.last_sample() else { continue };
             if s.host_t < t0 {
                 continue;
@@ -469,16 +580,27 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             "arm {arm}: the guest's kernel panicked:\n{}",
             console_text(&g.console_since(console_mark))
         );
+        // The held arm, resolved: the budget and the pod deleted (through server2); the
+        // Deployment's new pod goes to another Node, and the process in the guest dies.
+        let mut resolved = None;
+        if tool == HELD {
+            shared::pdb(&a2, false).await;
+            shared::delete_hog_pods(&a2).await;
+            resolved = Some(now());
+            phase(&format!("arm {arm}: the budget and the pod deleted at +{:.1}s", now() - t0));
+        }
         let mut back_full = None;
         // Back to full is waited for only after a step down.
-        let stepped = tool == "regrade" && journal(g, "regrade.service", t0).iter().any(|(_, m, _)| m == "stepping");
+        let stepped = runs_regrade(tool) && journal(g, "regrade.service", t0).iter().any(|(_, m, _)| m == "stepping");
         if stepped {
-            back_full = wait_until(BACK_TO_FULL, async || {
+            let within = if tool == HELD { HELD_BACK_TO_FULL } else { BACK_TO_FULL };
+            // Back at full: the last step done is into full (a step down and back before
+            // the resolution is not the end).
+            back_full = wait_until(within, async || {
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                journal(g, "regrade.service", t0)
-                    .iter()
-                    .find(|(_, m, v)| m == "step done" && field(v, "LEVEL") == "full")
-                    .map(|(t, ..)| *t)
+                let j = journal(g, "regrade.service", t0);
+                let last = j.iter().rev().find(|(_, m, _)| m == "step done")?;
+                (field(&last.2, "LEVEL") == "full").then_some(last.0)
             })
             .await;
         }
@@ -489,7 +611,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             None,
             LONG,
         );
-        if floor_alone(arm) {
+        if !etcd_keys.is_empty() {
             g.sh("sed -i '/^\\[etcd\\]$/,$d' /etc/regrade/regrade.toml", LONG);
         }
         let mut row = Row { arm: arm.into(), ..Row::default() };
@@ -569,11 +691,11 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         print_timeline(arm, &samples, &kills, t0);
         let first_kill = kills.first().map(|k| k.t);
         let first_k3s_kill = kills.iter().find(|k| is_k3s(&k.name)).map(|k| k.t);
-        if tool == "regrade" {
+        if runs_regrade(tool) {
             let j = journal(g, "regrade.service", t0);
             let mut steps = Vec::new();
             for (t, m, v) in &j {
-                let fields: Vec<String> = ["LEVEL", "TO", "ERROR", "AFTER_MS", "OWN_MS"]
+                let fields: Vec<String> = ["LEVEL", "TO", "KIND", "REASON", "ERROR", "AFTER_MS", "OWN_MS"]
                     .iter()
                     .map(|k| (k, field(v, k)))
                     .filter(|(_, f)| *f != "?")
@@ -604,9 +726,23 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                     format!("step decided at +{:.1}s, {:.1} s AFTER the first OOM kill", s - t0, s - k)
                 }
             };
+            row.round_trip = first_line(&j, "step done", "LEVEL", "control-plane").is_some() && back_full.is_some();
+            row.reached_etcd_only = first_line(&j, "step done", "LEVEL", "etcd-only").is_some();
+            row.held_at_control_plane = first_line(&j, "step refused", "KIND", "etcd-only-held").is_some();
+            if row.held_at_control_plane {
+                row.notes.push("regrade held the step into etcd-only by its cost (etcd-only-held)".into());
+            }
             if stepped && back_full.is_none() {
-                row.notes
-                    .push(format!("regrade did not step back to full within {} s of the end", BACK_TO_FULL.as_secs()));
+                row.notes.push("regrade did not step back to full in time after the bound/relief".into());
+            }
+            if let Some(r) = resolved {
+                row.notes.push(format!(
+                    "the pod was held by a PodDisruptionBudget until the test deleted both at +{:.1}s",
+                    r - t0
+                ));
+            }
+            if let Some(r) = restarted_etcd_only {
+                row.member_after_restart = k3s_start_after(g, r, &member_lines);
             }
         } else {
             row.steps = "-".into();
@@ -628,6 +764,36 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
     let _ = scale_to_zero(&a2).await;
     let _ = g.exec_input("systemctl kill --signal=SIGKILL kubepods.slice", None, Duration::from_secs(30));
     rows
+}
+
+/// Where k3s's start after its restart into etcd-only (requested at `r`) spent its
+/// time: the stand-in's own lines in k3s.service's journal (the temporary etcd's
+/// reconcile, the member's start and ready; etcd's own JSON lines counted), printed;
+/// returns server1's member in the [`HELD_AFTER_RESTART`] seconds after the request,
+/// from the sampler's probes.
+fn k3s_start_after(g: &Guest, r: f64, member_lines: &[(f64, String)]) -> String {
+    let end = r + HELD_AFTER_RESTART;
+    println!("-- server1's k3s from the restart into etcd-only (seconds after its request):");
+    let mut etcd_lines = 0;
+    for (t, m, _) in journal(g, "k3s.service", r).into_iter().filter(|(t, ..)| *t <= end) {
+        // etcd's own lines are JSON (zap); the stand-in's are not.
+        if m.starts_with('{') {
+            etcd_lines += 1;
+        } else {
+            println!("  {:>7.2}s {m}", t - r);
+        }
+    }
+    println!("  ({etcd_lines} lines of etcd's own log meanwhile)");
+    let after: Vec<(f64, String)> = member_lines.iter().filter(|(t, _)| (r..=end).contains(t)).cloned().collect();
+    let f = member::from_sampler(&after, end);
+    let stretches: Vec<String> = f.stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - r)).collect();
+    format!(
+        "unhealthy {:.1} s of {HELD_AFTER_RESTART:.0} s (longest {:.1} s; {} probes){}",
+        f.unhealthy_s,
+        f.longest_s,
+        f.probes,
+        if stretches.is_empty() { String::new() } else { format!(": {}", stretches.join(", ")) }
+    )
 }
 
 /// The kills a user-space killer logged in its unit's journal since `t0`.
@@ -747,9 +913,16 @@ fn print_table(rows: &[Row], g: &Guest) {
         "\n== the incident on a host of its own: server1 a qemu guest ({} MiB, cgroup v2, its own kernel and OOM killer); PSI is the guest's ==",
         guest::GUEST_MIB
     );
-    let fields: [Field; 16] = [
+    let fields: [Field; 17] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
+        ("its member after the restart into etcd-only", |r| {
+            if r.member_after_restart.is_empty() {
+                "-".into()
+            } else {
+                r.member_after_restart.clone()
+            }
+        }),
         ("etcd leader changes", |r| r.leader_changes.clone()),
         ("API write seconds failed or > 1 s", |r| r.bad_write_seconds.clone()),
         ("workload", |r| r.workload.clone()),
@@ -795,5 +968,15 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
         (tool("regrade-unprotected-floor-alone"), protections_off("regrade-unprotected-floor-alone")),
         ("regrade", Some(PROTECTIONS.to_vec()))
     );
-    assert!(floor_alone("regrade-floor-alone") && !floor_alone("regrade"));
+    assert_eq!(etcd_keys("regrade-floor-alone"), ("regrade", vec!["distress_overrides_floor = false"]));
+    assert_eq!(etcd_keys("regrade"), ("regrade", vec![]));
+    assert_eq!(
+        etcd_keys("held-without-memory-low-floor-alone-no-hold"),
+        ("held-without-memory-low", vec!["distress_overrides_floor = false", "hold_at_control_plane = false"])
+    );
+    assert_eq!(
+        (tool("held-without-oom-score"), protections_off("held-without-oom-score")),
+        (HELD, Some(vec!["oom-score"]))
+    );
+    assert!(runs_regrade(tool("held-unprotected-floor-alone")) && !runs_regrade(tool("nothing")));
 }

@@ -180,6 +180,24 @@ pub async fn start_workload(c: &kube::Client, command: &[String]) {
     d.patch("hog", &PatchParams::apply("incident").force(), &Patch::Apply(&dep)).await.unwrap();
 }
 
+/// The PodDisruptionBudget `hog` (minAvailable 1): made, or deleted.
+pub async fn pdb(c: &kube::Client, make: bool) {
+    let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = Api::namespaced(c.clone(), "default");
+    if make {
+        let b = json!({"metadata": {"name": "hog"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hog"}}}});
+        api.create(&PostParams::default(), &serde_json::from_value(b).unwrap()).await.unwrap();
+    } else {
+        api.delete("hog", &Default::default()).await.unwrap();
+    }
+}
+
+/// The hog pods deleted at once (grace 1 s), as an operator resolving the incident would.
+pub async fn delete_hog_pods(c: &kube::Client) {
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let dp = kube::api::DeleteParams { grace_period_seconds: Some(1), ..Default::default() };
+    pods.delete_collection(&dp, &ListParams::default().labels("app=hog")).await.unwrap();
+}
+
 /// The Deployment `hog` scaled to 0, if there is one.
 pub async fn scale_to_zero(c: &kube::Client) -> Result<(), kube::Error> {
     let d: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), "default");
