@@ -56,8 +56,9 @@ impl RestartGate for NoRestartGate {
     }
 }
 
-/// The real gate, built at its first use: a calm `watch` reads no certificate, and a
-/// missing one refuses the restart (naming the file) instead of failing the start.
+/// The real gate, built at its first use (a restart, or `watch` learning the members
+/// while calm): a missing certificate refuses the restart (naming the file) and is
+/// logged while learning, instead of failing the start.
 pub struct LazyEtcdGate {
     cfg: EtcdConfig,
     gate: OnceCell<Result<EtcdGate, String>>,

@@ -28,8 +28,16 @@ impl MemberLearning {
     }
 
     /// To be learned at the first calm moment (the start is one).
-    pub fn due() -> MemberLearning {
+    pub fn at_once() -> MemberLearning {
         MemberLearning { again_at: Some(Instant::now()), said_failure: false }
+    }
+
+    /// Completes when a look is due; never once the members are known.
+    pub async fn looks_due(&self) {
+        match self.again_at {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Learns the members if due (only call it while calm: it asks etcd).
@@ -103,7 +111,7 @@ pub(super) mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
         rt.block_on(async {
             let gate = Learner { answers: RefCell::new(vec![false]), ..Learner::default() };
-            let mut m = MemberLearning::due();
+            let mut m = MemberLearning::at_once();
             m.try_now(&gate).await;
             assert_eq!(gate.looks.get(), 1);
             tokio::time::sleep(Duration::from_secs(59)).await;

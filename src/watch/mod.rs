@@ -206,7 +206,7 @@ impl<'a> Watcher<'a> {
             backoff: Backoff::now(),
             level_checked: Instant::now(),
             pacer,
-            members: if dry_run { MemberLearning::never() } else { MemberLearning::due() },
+            members: if dry_run { MemberLearning::never() } else { MemberLearning::at_once() },
         })
     }
 
@@ -215,10 +215,19 @@ impl<'a> Watcher<'a> {
         tokio::pin!(shutdown);
         let mut ready = false;
         loop {
+            // The etcd members are learned while calm: at the first calm sample, and a
+            // minute after a failed look, also while asleep on the trigger (a k3s still
+            // starting at boot must not leave them unknown for days of calm).
+            let learn = self.ticker.calm() && self.pending == Pending::Nothing;
             let wake = tokio::select! {
                 biased;
                 w = self.pacer.next() => w,
                 _ = &mut shutdown => break,
+                _ = self.members.looks_due(), if learn => {
+                    let look = self.members.try_now(self.backend.etcd.as_ref());
+                    self.ticker.notifier.pinging(API_CALL_BOUND, look).await;
+                    continue;
+                }
             };
             match wake {
                 Wake::Watchdog => {
@@ -260,9 +269,6 @@ impl<'a> Watcher<'a> {
             let proposed = proposed.filter(|s| s.from == self.ticker.state.level && !resuming);
             if let (Some(step), Some(clock)) = (proposed, clock) {
                 self.step(t, &step, &clock).await;
-            }
-            if self.ticker.calm() && self.pending == Pending::Nothing {
-                self.ticker.notifier.pinging(API_CALL_BOUND, self.members.try_now(self.backend.etcd.as_ref())).await;
             }
             let calm = self.ticker.calm_at_top() && self.pending == Pending::Nothing;
             if let Some(pacing) = self.pacer.after_sample(calm) {
@@ -957,7 +963,7 @@ mod tests {
         let psi = dir.path().join("psi");
         std::fs::write(&psi, "some avg10=80 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
             .unwrap();
-        let learner = super::members::tests::Learner::default();
+        let learner = super::members::tests::Learner { answers: vec![false].into(), ..Default::default() };
         let looks = learner.looks.clone();
         let (mut backend, _) = backend(Level::Full);
         backend.etcd = Box::new(learner);
@@ -969,7 +975,11 @@ mod tests {
             std::fs::write(&psi, "some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
                 .unwrap();
             w.run_until(tokio::time::sleep(Duration::from_secs(12))).await.unwrap();
-            assert_eq!(looks.get(), 1, "learned at the first calm sample, once");
+            assert_eq!(looks.get(), 1, "looked at the first calm sample (and failed)");
+            w.run_until(tokio::time::sleep(Duration::from_secs(60))).await.unwrap();
+            assert_eq!(looks.get(), 2, "looked again a minute later, and learned them");
+            w.run_until(tokio::time::sleep(Duration::from_secs(300))).await.unwrap();
+            assert_eq!(looks.get(), 2, "never again once known");
         });
     }
 
