@@ -36,6 +36,13 @@ use serde_json::{json, Value};
 
 /// The guest's RAM.
 pub const GUEST_MIB: u64 = 2048;
+/// The guest's virtual CPUs, each a host thread emulating one (TCG): one by default;
+/// `REGRADE_VM_SMP=2` gives it both of a 2-core machine's cores, to tell what its
+/// one emulated CPU costs the figures (its etcd answered /health late on a calm
+/// guest, docs/incident-vm.md).
+fn guest_cpus() -> String {
+    std::env::var("REGRADE_VM_SMP").unwrap_or_else(|_| "1".into())
+}
 /// qemu's own memory cgroup on the host: the guest's RAM plus emulation's overhead
 /// (translation cache 256 MiB, device state); measured peak in the log.
 const HOST_LIMIT_MIB: u64 = 3072;
@@ -189,7 +196,7 @@ impl Guest {
             "-cpu",
             "max",
             "-smp",
-            "1",
+            &guest_cpus(),
             "-m",
             &GUEST_MIB.to_string(),
             "-nodefaults",
