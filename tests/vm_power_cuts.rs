@@ -259,7 +259,7 @@ fn vm_power_cuts() {
         &[("/etc/tmpfiles.d/regrade-vm.conf", tmpfiles)],
     );
     let cmdline = rootflags.as_ref().map_or(String::new(), |f| format!("rootflags={f}"));
-    let mut g = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND, &cmdline);
+    let mut g = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND, &cmdline, guest::cpus(1));
     let peers = lane::peers_up(tmp.path(), &certs, &names, &bin);
     phase("server2 and server3 up");
     let (t_booted, line) = g.wait_console(0, "regrade-vm: booted", Duration::from_secs(300));

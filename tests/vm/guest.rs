@@ -36,12 +36,13 @@ use serde_json::{json, Value};
 
 /// The guest's RAM.
 pub const GUEST_MIB: u64 = 2048;
-/// The guest's virtual CPUs, each a host thread emulating one (TCG): one by default;
-/// `REGRADE_VM_SMP=2` gives it both of a 2-core machine's cores, to tell what its
-/// one emulated CPU costs the figures (its etcd answered /health late on a calm
-/// guest, docs/incident-vm.md).
-fn guest_cpus() -> String {
-    std::env::var("REGRADE_VM_SMP").unwrap_or_else(|_| "1".into())
+/// The guest's virtual CPUs: `REGRADE_VM_SMP` if set, else the test's `default`.
+/// Each is a host thread emulating one (TCG), many times slower than a real core: with
+/// one, the incident lane's etcd answered /health late on a calm guest (CPU PSI some
+/// 70-84 % at each arm's start; docs/incident-vm.md), so that lane gives the guest both
+/// of a 2-core machine's cores; the power cuts keep one.
+pub fn cpus(default: u32) -> u32 {
+    std::env::var("REGRADE_VM_SMP").ok().and_then(|n| n.parse().ok()).unwrap_or(default)
 }
 /// qemu's own memory cgroup on the host: the guest's RAM plus emulation's overhead
 /// (translation cache 256 MiB, device state); measured peak in the log.
@@ -158,12 +159,12 @@ impl Guest {
     /// `seed` (made into a disk here), under `dir`, killed after `bound` (from this
     /// first boot, across [`Guest::boot_again`]). `cmdline` is added to the kernel's
     /// command line. Returns once qemu runs; [`Guest::wait_console`] waits for the
-    /// boot's lines.
+    /// boot's lines. `cpus`: its virtual CPUs ([`cpus`]).
     ///
     /// Call from a thread inside the rig's hub namespace that lives as long as the
     /// guest: the tap is there, and PR_SET_PDEATHSIG fires when the thread that
     /// spawned qemu ends.
-    pub fn boot(image: &Path, seed: &Path, dir: &Path, bound: Duration, cmdline: &str) -> Guest {
+    pub fn boot(image: &Path, seed: &Path, dir: &Path, bound: Duration, cmdline: &str, cpus: u32) -> Guest {
         std::fs::create_dir_all(dir).unwrap();
         let overlay = dir.join("server1.qcow2");
         let base = image.join("disk.img");
@@ -196,7 +197,7 @@ impl Guest {
             "-cpu",
             "max",
             "-smp",
-            &guest_cpus(),
+            &cpus.to_string(),
             "-m",
             &GUEST_MIB.to_string(),
             "-nodefaults",
