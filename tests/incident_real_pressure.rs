@@ -412,10 +412,7 @@ impl Server {
 
     /// When regrade's journal since `since` first has `message` with `key` = `value`.
     fn first_line(&self, message: &str, key: &str, value: &str, since: f64) -> Option<f64> {
-        self.journal("regrade.service", since)
-            .into_iter()
-            .find(|(_, m, v)| m == message && field(v, key) == value)
-            .map(|(t, ..)| t)
+        shared::first_line(&self.journal("regrade.service", since), message, key, value)
     }
 
     fn journal(&self, unit: &str, since: f64) -> Vec<(f64, String, Value)> {

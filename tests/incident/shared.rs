@@ -15,10 +15,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Api;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::common;
-use super::common::three_servers::{addr, api_url, now};
+use super::common::three_servers::{addr, api_url, field, now};
 
 /// Processes a test runs on the host (controllers, stand-ins, earlyoom): killed when
 /// dropped.
@@ -196,6 +196,12 @@ pub async fn delete_hog_pods(c: &kube::Client) {
     let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
     let dp = kube::api::DeleteParams { grace_period_seconds: Some(1), ..Default::default() };
     pods.delete_collection(&dp, &ListParams::default().labels("app=hog")).await.unwrap();
+}
+
+/// When `journal` (a unit's entries: time, message, the entry) first has `message`
+/// with `key` = `value`.
+pub fn first_line(journal: &[(f64, String, Value)], message: &str, key: &str, value: &str) -> Option<f64> {
+    journal.iter().find(|(_, m, v)| m == message && field(v, key) == value).map(|(t, ..)| *t)
 }
 
 /// The Deployment `hog` scaled to 0, if there is one.
