@@ -118,7 +118,8 @@ struct World {
     /// The level whose flags this server's k3s refuses (a custom flag this k3s does
     /// not know): started with them it crash-loops, its member down, for good.
     refuses: Vec<Option<Level>>,
-    /// When each member last went down (killed, or its k3s restarted).
+    /// When each member last went down (killed, or its k3s restarted), or came back
+    /// after it was killed.
     went_down: Vec<Instant>,
     /// `asked[i][j]`: when server i's etcd gate last had member j's answer (its
     /// status, or its refused connection).
@@ -155,6 +156,12 @@ impl World {
     }
     fn up(&self, i: usize) -> bool {
         !self.restarting(i) && !self.dead[i] && !self.crash_looping(i)
+    }
+    /// Since when member `i` is up (if it is): its last change, or the end of its
+    /// k3s's last restart.
+    fn up_since(&self, i: usize) -> Instant {
+        let restarted = self.restarting_until[i].filter(|&u| u <= Instant::now());
+        restarted.map_or(self.went_down[i], |u| u.max(self.went_down[i]))
     }
     /// The Node is Ready: k3s serves and its kubelet reports.
     fn ready(&self, i: usize) -> bool {
@@ -417,8 +424,12 @@ impl SimK3s {
         let mut w = self.w.borrow_mut();
         w.look_at_record(self.me);
         // A member already down (its k3s failed to come up) has no vote to lose: the
-        // restart that puts its previous flags back is no new risk.
-        let costs_a_vote = w.up(self.me);
+        // restart that puts its previous flags back is no new risk. One the gate saw
+        // down that came back after the look, in its window, is the same race as a
+        // peer that died in it (below): what every check before an act leaves.
+        let asked_me = w.asked[self.me][self.me];
+        let back_after_look = w.up_since(self.me) > asked_me && asked_me.elapsed() <= LOOK_WINDOW;
+        let costs_a_vote = w.up(self.me) && !back_after_look;
         for j in (0..w.dead.len()).filter(|&j| j != self.me && costs_a_vote) {
             // Down when this server's gate last asked it, or down and not asked since
             // the last look's window (the rest of the look and the bus call, at most

@@ -177,6 +177,17 @@ impl<A: AskEtcd> EtcdGate<A> {
         self.known.borrow().clone()
     }
 
+    /// Makes sure the members are known (`etcd.members_cache`): a look through the
+    /// local member when none are known yet. Without them, a look while the local
+    /// member does not answer (slow under the thrash, or down) cannot ask the others,
+    /// and the restart into `etcd-only` is refused as `etcd-unavailable`.
+    pub async fn learn_members(&self) -> anyhow::Result<()> {
+        if self.known().is_some() {
+            return Ok(());
+        }
+        self.look().await.map(|_| ())
+    }
+
     /// Keeps what a look through the local member saw, when it changed (a membership
     /// change is rare: the file is written durably then, not every look).
     fn remember(&self, list: &MemberList, me: u64) {
@@ -431,6 +442,35 @@ mod tests {
     fn gate(table: Table) -> EtcdGate<Table> {
         let cfg = EtcdConfig { members_cache: PathBuf::new(), ..EtcdConfig::default() };
         EtcdGate::with(table, &cfg).unwrap()
+    }
+
+    /// A gate that never looked knows no other member: with the local member not
+    /// answering, it cannot be asked whether this member may restart. Once it learned
+    /// the members while the local one answered, a gate started later (the same
+    /// `etcd.members_cache`) asks the others, and clears the restart.
+    #[tokio::test(flavor = "current_thread")]
+    async fn members_learned_while_the_local_member_answers_are_asked_when_it_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = EtcdConfig { members_cache: dir.path().join("members.json"), ..EtcdConfig::default() };
+        let three: Vec<Member> = (1..=3).map(member).collect();
+        let others = || {
+            let mut t = Table::default();
+            t.lists.insert(url(2), list(2, three.clone()));
+            t.statuses.insert(url(2), status(2, 2));
+            t.statuses.insert(url(3), status(3, 2));
+            t
+        };
+        match EtcdGate::with(others(), &cfg).unwrap().check().await {
+            Err(GateError::Unavailable(e)) => assert!(format!("{e:#}").contains("etcd.members_cache"), "{e:#}"),
+            other => panic!("cleared with no member known: {other:?}"),
+        }
+        let mut answering = others();
+        answering.lists.insert("https://127.0.0.1:2379".into(), list(1, three.clone()));
+        answering.statuses.insert("https://127.0.0.1:2379".into(), status(1, 2));
+        EtcdGate::with(answering, &cfg).unwrap().learn_members().await.unwrap();
+        let later = EtcdGate::with(others(), &cfg).unwrap();
+        assert_eq!(later.check().await.unwrap(), Cleared { me: 1, this_down: true });
+        later.learn_members().await.expect("known from the cache: no look needed");
     }
 
     /// Was (issue 38): the member list came from the local member, which the gate never

@@ -32,6 +32,12 @@ pub trait RestartGate {
     async fn after_restart(&self, me: u64) -> anyhow::Result<()>;
     /// The members as etcd shows them now (for `status`).
     async fn members(&self) -> anyhow::Result<Vec<MemberState>>;
+    /// Remembers the members while the local one answers, so that a look while it
+    /// does not can ask the others ([`EtcdGate::learn_members`]). Default: nothing
+    /// to remember.
+    async fn learn_members(&self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// Lets every restart through: dry runs, and tests of other parts.
@@ -50,8 +56,9 @@ impl RestartGate for NoRestartGate {
     }
 }
 
-/// The real gate, built at its first use: a calm `watch` reads no certificate, and a
-/// missing one refuses the restart (naming the file) instead of failing the start.
+/// The real gate, built at its first use (a restart, or `watch` learning the members
+/// while calm): a missing certificate refuses the restart (naming the file) and is
+/// logged while learning, instead of failing the start.
 pub struct LazyEtcdGate {
     cfg: EtcdConfig,
     gate: OnceCell<Result<EtcdGate, String>>,
@@ -106,6 +113,10 @@ impl<A: AskEtcd> RestartGate for EtcdGate<A> {
         self.wait_back(me, deadline, &budget).await.map(|_| ())
     }
 
+    async fn learn_members(&self) -> anyhow::Result<()> {
+        EtcdGate::learn_members(self).await
+    }
+
     async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
         let view = self.look().await?.view;
         let me = view.self_id();
@@ -136,6 +147,10 @@ impl RestartGate for LazyEtcdGate {
 
     async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
         self.gate().map_err(|e| anyhow::anyhow!(e))?.members().await
+    }
+
+    async fn learn_members(&self) -> anyhow::Result<()> {
+        self.gate().map_err(|e| anyhow::anyhow!(e))?.learn_members().await
     }
 }
 

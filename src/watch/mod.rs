@@ -6,6 +6,7 @@
 //! The loop's clock is tokio's (`tokio::time::Instant`, `interval`), so a test with
 //! paused time drives it (`watch_follows_a_hand_step_on_tokios_clock` below).
 
+mod members;
 pub mod ticker;
 
 use std::future::Future;
@@ -30,6 +31,7 @@ use crate::psi_trigger::{self, Cause, Pacer, Wake};
 use crate::runtime::{runtime, shed_start_up_code};
 use crate::sample::Pacing;
 use crate::step::{self, Outcome};
+use members::MemberLearning;
 pub use ticker::Ticker;
 
 /// Whether `watch` acts, or only decides and logs (`--dry-run`).
@@ -112,6 +114,8 @@ struct Watcher<'a> {
     level_checked: Instant,
     /// Samples every `sample_period`, or sleeps on the PSI trigger when calm at the top.
     pacer: Pacer,
+    /// The etcd members, learned while calm for the restarts that come under pressure.
+    members: MemberLearning,
 }
 
 /// How long the watchdog is fed through one API call of convergence (or a refusal's
@@ -202,6 +206,7 @@ impl<'a> Watcher<'a> {
             backoff: Backoff::now(),
             level_checked: Instant::now(),
             pacer,
+            members: if dry_run { MemberLearning::never() } else { MemberLearning::at_once() },
         })
     }
 
@@ -210,10 +215,19 @@ impl<'a> Watcher<'a> {
         tokio::pin!(shutdown);
         let mut ready = false;
         loop {
+            // The etcd members are learned while calm: at the first calm sample, and a
+            // minute after a failed look, also while asleep on the trigger (a k3s still
+            // starting at boot must not leave them unknown for days of calm).
+            let learn = self.ticker.calm() && self.pending == Pending::Nothing;
             let wake = tokio::select! {
                 biased;
                 w = self.pacer.next() => w,
                 _ = &mut shutdown => break,
+                _ = self.members.looks_due(), if learn => {
+                    let look = self.members.try_now(self.backend.etcd.as_ref());
+                    self.ticker.notifier.pinging(API_CALL_BOUND, look).await;
+                    continue;
+                }
             };
             match wake {
                 Wake::Watchdog => {
@@ -934,6 +948,38 @@ mod tests {
             assert_eq!(w.ticker.state.level, Level::EtcdOnly);
             // Samples every 5 s from 0; the first at or after 60 s since start checks.
             assert_eq!(w.ticker.state.last_step, Some(Duration::from_secs(60)));
+        });
+    }
+
+    /// The etcd members are learned while the reading is calm, at whatever level, and
+    /// not while it is not: the restart into etcd-only comes under pressure, when the
+    /// local member may not answer, and the gate then asks the members it learned.
+    /// (A VM run's first step into etcd-only was refused as `etcd-unavailable` for
+    /// minutes: no restart had ever looked at etcd, so no other member was known.)
+    #[test]
+    fn a_calm_watch_learns_the_etcd_members_and_a_pressed_one_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, sampler) = fixture(dir.path());
+        let psi = dir.path().join("psi");
+        std::fs::write(&psi, "some avg10=80 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+            .unwrap();
+        let learner = super::members::tests::Learner { answers: vec![false].into(), ..Default::default() };
+        let looks = learner.looks.clone();
+        let (mut backend, _) = backend(Level::Full);
+        backend.etcd = Box::new(learner);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            w.run_until(tokio::time::sleep(Duration::from_secs(12))).await.unwrap();
+            assert_eq!(looks.get(), 0, "not while the reading is not calm");
+            std::fs::write(&psi, "some avg10=0 avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+                .unwrap();
+            w.run_until(tokio::time::sleep(Duration::from_secs(12))).await.unwrap();
+            assert_eq!(looks.get(), 1, "looked at the first calm sample (and failed)");
+            w.run_until(tokio::time::sleep(Duration::from_secs(60))).await.unwrap();
+            assert_eq!(looks.get(), 2, "looked again a minute later, and learned them");
+            w.run_until(tokio::time::sleep(Duration::from_secs(300))).await.unwrap();
+            assert_eq!(looks.get(), 2, "never again once known");
         });
     }
 

@@ -77,6 +77,11 @@ impl Ticker {
         psi_trigger::calm_at_top(&self.state, self.last_reading, &self.settings, &self.levels)
     }
 
+    /// The last sample read calm, at whatever level.
+    pub fn calm(&self) -> bool {
+        self.last_reading == Some(Reading::Calm)
+    }
+
     /// Publishes how `watch` waits (written at once: it changes rarely).
     pub(super) fn set_pacing(&mut self, pacing: Pacing, trigger: Option<&str>) {
         self.published.pacing = Some(pacing);
