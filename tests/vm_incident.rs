@@ -61,7 +61,8 @@
 //!   REGRADE_TEST_VM=1 REGRADE_VM_ARMS=regrade cargo test --test vm_incident -- --nocapture
 //! REGRADE_VM_BIN=PATH installs that regrade binary in the guest (default: this test's
 //! debug build); REGRADE_VM_PRESSURE adds `[pressure]` keys to regrade's arm;
-//! `regrade-floor-alone` runs regrade with `etcd.distress_overrides_floor = false`.
+//! `regrade-floor-alone` runs regrade with `etcd.distress_overrides_floor = false`;
+//! `<arm>-reserved` caps the pods by the system-reserved memory packaging/ ships.
 
 mod common;
 #[path = "vm/guest.rs"]
@@ -113,9 +114,17 @@ const RESTART_REQUESTED: &str = "restart requested; waiting for a new process an
 ///   drop-in: it takes effect at k3s's next start (the restart into etcd-only), the
 ///   window before k3s's kubelet sets -999 on its own process.
 ///
-/// The kubelet's system-reserved memory (packaging/k3s/40-regrade-reserved.yaml) is not
-/// in this lane: the kubelet stand-in does not cap kubepods.slice.
+/// The kubelet's system-reserved memory is not among them: the kubelet stand-in does
+/// not read k3s's config, so it does not cap kubepods.slice ([`RESERVED`] does, by hand).
 const PROTECTIONS: [&str; 2] = ["memory-low", "oom-score"];
+/// `<arm>-reserved` (after any protection suffix, before the `[etcd]` ones) adds the
+/// kubelet's system-reserved memory packaging/k3s/40-regrade-reserved.yaml ships, as the
+/// kubelet enforces it (enforce-node-allocatable=pods, its default): kubepods.slice's
+/// memory.max at MemTotal less the reservation (kubelet's
+/// `getNodeAllocatableAbsoluteImpl`: capacity less system- and kube-reserved; the hard
+/// eviction threshold is not taken off the cgroup). Set by `systemctl set-property
+/// --runtime kubepods.slice MemoryMax=`, and put back to `infinity` for every other arm.
+const RESERVED: &str = "-reserved";
 /// Suffixes of a regrade or held arm (after any protection suffix, in this order) that
 /// set one `[etcd]` key for that arm only, appended to its config:
 /// - `-floor-alone`: the floor alone, beside the member's distress standing in for it;
@@ -159,8 +168,8 @@ fn arms_to_run() -> Vec<String> {
             ARMS.contains(&tool(a))
                 && protections_off(a).is_some()
                 && (etcd_keys(a).1.is_empty() || runs_regrade(tool(a))),
-            "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected; \
-             regrade and held also with {} last)",
+            "{ARMS_ENV}: no arm {a:?} (arms: {}, each also as <arm>-without-<{}> or <arm>-unprotected, \
+             then {RESERVED}; regrade and held also with {} last)",
             ARMS.join(", "),
             PROTECTIONS.join("|"),
             ETCD_SUFFIXES.map(|(s, _)| s).join(" and/or ")
@@ -171,7 +180,7 @@ fn arms_to_run() -> Vec<String> {
 
 /// The arm's tool: `regrade` of `regrade-without-memory-low`.
 fn tool(arm: &str) -> &str {
-    let arm = etcd_keys(arm).0;
+    let arm = reserved(arm).0;
     arm.split_once("-without-").map_or(arm.strip_suffix("-unprotected").unwrap_or(arm), |(t, _)| t)
 }
 
@@ -192,9 +201,25 @@ fn etcd_keys(arm: &str) -> (&str, Vec<&'static str>) {
     (rest, keys)
 }
 
+/// The arm's name without [`RESERVED`] and its [`ETCD_SUFFIXES`], and whether it caps
+/// the pods by the system-reserved memory.
+fn reserved(arm: &str) -> (&str, bool) {
+    let arm = etcd_keys(arm).0;
+    arm.strip_suffix(RESERVED).map_or((arm, false), |a| (a, true))
+}
+
+/// The system-reserved memory packaging/ ships, in bytes (`system-reserved=memory=512Mi`).
+fn reserved_bytes() -> u64 {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/k3s/40-regrade-reserved.yaml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let value = text.split("system-reserved=memory=").nth(1).and_then(|v| v.split('"').next());
+    let mib = value.and_then(|v| v.strip_suffix("Mi")).and_then(|v| v.parse::<u64>().ok());
+    mib.unwrap_or_else(|| panic!("{path}: no system-reserved=memory=<N>Mi")) << 20
+}
+
 /// The protections the arm turns off; `None` for a name that is no arm.
 fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
-    let arm = etcd_keys(arm).0;
+    let arm = reserved(arm).0;
     if arm.ends_with("-unprotected") {
         return Some(PROTECTIONS.to_vec());
     }
@@ -204,9 +229,10 @@ fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
     }
 }
 
-/// Puts the shipped protections back, then turns `off` off; returns what is in force,
-/// read back from the cgroup files and systemd.
-fn set_protections(g: &Guest, off: &[&str]) -> String {
+/// Puts the shipped protections back, then turns `off` off, and caps the pods by the
+/// system-reserved memory or not; returns what is in force, read back from the cgroup
+/// files and systemd.
+fn set_protections(g: &Guest, off: &[&str], reserved: bool) -> String {
     // Runtime drop-ins named 99- to sort after every packaged one: drop-ins are read in
     // name order and the last setting wins (a run that used `systemctl set-property`,
     // whose 50-MemoryLow.conf then sorted before the packaged 50-regrade-protect.conf,
@@ -228,16 +254,25 @@ fn set_protections(g: &Guest, off: &[&str]) -> String {
         ),
         LONG,
     );
+    let pods_max = if reserved {
+        format!("$(( $(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo) * 1024 - {} ))", reserved_bytes())
+    } else {
+        "infinity".to_string()
+    };
+    g.sh(&format!("systemctl set-property --runtime kubepods.slice MemoryMax={pods_max}"), LONG);
     let read = g.sh(
         "echo k3s.service memory.low=$(cat /sys/fs/cgroup/system.slice/k3s.service/memory.low), \
          system.slice memory.low=$(cat /sys/fs/cgroup/system.slice/memory.low), \
          k3s.service $(systemctl show -p OOMScoreAdjust k3s.service) at its next start, \
-         k3s now at $(cat /proc/$(systemctl show -p MainPID --value k3s.service)/oom_score_adj)",
+         k3s now at $(cat /proc/$(systemctl show -p MainPID --value k3s.service)/oom_score_adj), \
+         kubepods.slice memory.max=$(cat /sys/fs/cgroup/kubepods.slice/memory.max) \
+         of MemTotal $(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)",
         LONG,
     );
     let read = read.split_whitespace().collect::<Vec<_>>().join(" ");
     let low_off = read.starts_with("k3s.service memory.low=0,");
     assert_eq!(low_off, off.contains(&"memory-low"), "the protections did not take: {read}");
+    assert_eq!(!read.contains("kubepods.slice memory.max=max "), reserved, "the pods' cap did not take: {read}");
     read
 }
 
@@ -489,7 +524,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             prev.notes.extend(recovery);
         }
         let cpu = cpu_calm(g).await;
-        let protections = set_protections(g, &protections_off(arm).unwrap_or_default());
+        let protections = set_protections(g, &protections_off(arm).unwrap_or_default(), reserved(arm).1);
         phase(&format!("arm {arm}: protections in force: {protections}"));
         // The guest's CPU and server1's member as the arm starts: a member slow to
         // answer on a calm guest is the rig's (one emulated CPU), not the thrash's.
@@ -1009,4 +1044,11 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
         (HELD, Some(vec!["oom-score"]))
     );
     assert!(runs_regrade(tool("held-unprotected-floor-alone")) && !runs_regrade(tool("nothing")));
+    assert_eq!(
+        (tool("nothing-unprotected-reserved"), protections_off("nothing-unprotected-reserved")),
+        ("nothing", Some(PROTECTIONS.to_vec()))
+    );
+    assert_eq!(reserved("held-reserved-no-hold"), (HELD, true));
+    assert_eq!(reserved("held-without-oom-score"), ("held-without-oom-score", false));
+    assert_eq!(reserved_bytes(), 512 << 20);
 }
