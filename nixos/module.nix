@@ -286,9 +286,12 @@ in {
           In place before any thrash, whether regrade is on or off. Sized from the
           measured footprint (docs/incident.md: a k3s server at control-plane 321 MiB PSS
           with the workload drained, 98 MiB at etcd-only; Talos gives etcd 256 MiB). Cost:
-          the pods lose up to this much sooner under pressure. A change applies at the
-          switch, and (NixOS restarts a unit whose settings change) restarts k3s once.
-          `null`: not set. `regrade status` says whether it is in force.
+          the pods lose up to this much sooner under pressure. Measured: it keeps k3s's
+          pages but not its time (k3s's allocations still stall in the host's reclaim),
+          and with the pods uncapped it lengthened a thrash (docs/incident-vm.md);
+          `systemReservedMemory` is the lever that moved the member's time away. A change
+          applies at the switch, and (NixOS restarts a unit whose settings change)
+          restarts k3s once. `null`: not set. `regrade status` says whether it is in force.
         '';
       };
       oomScoreAdjust = lib.mkOption {
@@ -311,7 +314,10 @@ in {
           (`<config>.d/40-regrade-reserved.yaml`, `kubelet-arg+`). k3s reserves nothing,
           so /kubepods may take all of RAM; with this the kubelet caps it at RAM less this
           (enforce-node-allocatable=pods, the default) and schedules against that. Sized
-          as `memoryLow`. Cost: this much less allocatable memory for pods on the server.
+          as `memoryLow`. Measured: the one protection that shortened how long the etcd
+          member is away under a thrash (docs/incident.md, docs/incident-vm.md); on a
+          2 GiB host 512Mi was too little: size it to what the kernel, k3s at full and
+          the system take. Cost: this much less allocatable memory for pods on the server.
           k3s reads it at its next start (no restart at the switch). `null`: not set.
         '';
       };

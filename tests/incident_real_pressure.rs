@@ -150,17 +150,33 @@ fn arms_to_run() -> Vec<&'static str> {
     ARMS.iter().zip(&known).filter(|(_, k)| asked.contains(k)).map(|(a, _)| *a).collect()
 }
 
+/// `REGRADE_INCIDENT_RESERVED=1`: the pods capped by the kubelet's system-reserved
+/// memory packaging/ ships, as the kubelet enforces it (the pods' cgroup at the node's
+/// memory less the reservation): server1's `workload` cgroup at [`LIMIT_MIB`] less
+/// 512 MiB, for every arm of the run. The kubelet stand-in does not read k3s's config.
+const RESERVED_ENV: &str = "REGRADE_INCIDENT_RESERVED";
+
 /// server1's memory cgroup (v1), with the child `workload` the stand-in puts pods'
 /// processes in. Dropped: every process in it killed, the directories removed.
 struct MemCg(PathBuf);
 
 impl MemCg {
-    fn make() -> MemCg {
+    /// With the pods' cap (`workload`'s limit) when `pods_limit` is given.
+    fn make(pods_limit: Option<u64>) -> MemCg {
         let dir = PathBuf::from(format!("/sys/fs/cgroup/memory/regrade-incident-{}", std::process::id()));
         std::fs::create_dir(&dir).unwrap();
         std::fs::write(dir.join("memory.limit_in_bytes"), (LIMIT_MIB << 20).to_string()).unwrap();
         std::fs::create_dir(dir.join("workload")).unwrap();
+        if let Some(limit) = pods_limit {
+            std::fs::write(dir.join("workload/memory.limit_in_bytes"), limit.to_string()).unwrap();
+        }
         MemCg(dir)
+    }
+
+    /// The pods' cap, if below server1's own limit.
+    fn pods_limit(&self) -> Option<u64> {
+        let limit: u64 = self.file("workload/memory.limit_in_bytes").trim().parse().ok()?;
+        (limit < LIMIT_MIB << 20).then_some(limit)
     }
 
     fn file(&self, f: &str) -> String {
@@ -722,7 +738,9 @@ fn incident_three_arms() {
     assert!(st.success(), "tests/e2e/netns.sh up");
     let network = Network;
     enter_netns("regrade-e2e-hub");
-    let cg = Arc::new(MemCg::make());
+    let pods_limit = (std::env::var(RESERVED_ENV).as_deref() == Ok("1"))
+        .then(|| (LIMIT_MIB << 20) - shared::system_reserved_bytes());
+    let cg = Arc::new(MemCg::make(pods_limit));
     let delays = DelayAccounting::on();
 
     let tmp = tempfile::tempdir().unwrap();
@@ -849,7 +867,12 @@ async fn scenario(
     let hog = repo("tests/incident/hog.py");
     let member_id = |s: &Server| s.member_ids().into_iter().find(|(n, _)| n.starts_with("server1-")).map(|(_, id)| id);
     let id_before = member_id(s2).expect("server1's etcd member, seen through server2");
-    phase(&format!("cluster up: 3 Nodes Ready, server1's etcd member {id_before:x}; limit {LIMIT_MIB} MiB"));
+    let pods_cap = cg.pods_limit().map_or("none (no system-reserved)".to_string(), |l| {
+        format!("{} MiB (system-reserved {} MiB, {RESERVED_ENV}=1)", l >> 20, shared::system_reserved_bytes() >> 20)
+    });
+    phase(&format!(
+        "cluster up: 3 Nodes Ready, server1's etcd member {id_before:x}; limit {LIMIT_MIB} MiB; the pods' cap {pods_cap}"
+    ));
 
     let mut rows: Vec<Row> = Vec::new();
     for arm in arms_to_run() {

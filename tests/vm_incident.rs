@@ -125,6 +125,9 @@ const PROTECTIONS: [&str; 2] = ["memory-low", "oom-score"];
 /// eviction threshold is not taken off the cgroup). Set by `systemctl set-property
 /// --runtime kubepods.slice MemoryMax=`, and put back to `infinity` for every other arm.
 const RESERVED: &str = "-reserved";
+/// The reservation of the `-reserved` arms in MiB instead of packaging/'s, to size it
+/// by measurement (`REGRADE_VM_RESERVED_MIB=768`).
+const RESERVED_MIB_ENV: &str = "REGRADE_VM_RESERVED_MIB";
 /// Suffixes of a regrade or held arm (after any protection suffix, in this order) that
 /// set one `[etcd]` key for that arm only, appended to its config:
 /// - `-floor-alone`: the floor alone, beside the member's distress standing in for it;
@@ -208,15 +211,6 @@ fn reserved(arm: &str) -> (&str, bool) {
     arm.strip_suffix(RESERVED).map_or((arm, false), |a| (a, true))
 }
 
-/// The system-reserved memory packaging/ ships, in bytes (`system-reserved=memory=512Mi`).
-fn reserved_bytes() -> u64 {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/k3s/40-regrade-reserved.yaml");
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let value = text.split("system-reserved=memory=").nth(1).and_then(|v| v.split('"').next());
-    let mib = value.and_then(|v| v.strip_suffix("Mi")).and_then(|v| v.parse::<u64>().ok());
-    mib.unwrap_or_else(|| panic!("{path}: no system-reserved=memory=<N>Mi")) << 20
-}
-
 /// The protections the arm turns off; `None` for a name that is no arm.
 fn protections_off(arm: &str) -> Option<Vec<&'static str>> {
     let arm = reserved(arm).0;
@@ -255,7 +249,9 @@ fn set_protections(g: &Guest, off: &[&str], reserved: bool) -> String {
         LONG,
     );
     let pods_max = if reserved {
-        format!("$(( $(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo) * 1024 - {} ))", reserved_bytes())
+        let mib = std::env::var(RESERVED_MIB_ENV).ok().map(|m| m.parse::<u64>().expect(RESERVED_MIB_ENV));
+        let bytes = mib.map_or_else(shared::system_reserved_bytes, |m| m << 20);
+        format!("$(( $(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo) * 1024 - {bytes} ))")
     } else {
         "infinity".to_string()
     };
@@ -1050,5 +1046,5 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
     );
     assert_eq!(reserved("held-reserved-no-hold"), (HELD, true));
     assert_eq!(reserved("held-without-oom-score"), ("held-without-oom-score", false));
-    assert_eq!(reserved_bytes(), 512 << 20);
+    assert_eq!(shared::system_reserved_bytes(), 512 << 20);
 }

@@ -33,6 +33,18 @@ impl Drop for Procs {
     }
 }
 
+/// The kubelet's system-reserved memory packaging/ ships, in bytes
+/// (packaging/k3s/40-regrade-reserved.yaml: `system-reserved=memory=512Mi`). The kubelet
+/// caps the pods' cgroup at the node's memory less it (node allocatable enforced on the
+/// pods, its default; the hard eviction threshold is not taken off the cgroup).
+pub fn system_reserved_bytes() -> u64 {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/k3s/40-regrade-reserved.yaml");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let value = text.split("system-reserved=memory=").nth(1).and_then(|v| v.split('"').next());
+    let mib = value.and_then(|v| v.strip_suffix("Mi")).and_then(|v| v.parse::<u64>().ok());
+    mib.unwrap_or_else(|| panic!("{path}: no system-reserved=memory=<N>Mi")) << 20
+}
+
 /// Children die with the test, even SIGKILLed (PR_SET_PDEATHSIG: when the thread that
 /// spawned them ends).
 pub fn dies_with_us(c: &mut Command) -> &mut Command {
