@@ -622,6 +622,8 @@ struct Row {
     member: String,
     /// server1's member through the arm (tests/incident/member.rs).
     member_distress: String,
+    /// The same in the held arm's 120 s after its restart into etcd-only.
+    member_after_restart: String,
     leader_changes: String,
     bad_write_seconds: String,
     workload: String,
@@ -1058,6 +1060,14 @@ async fn scenario(
         let leader_after = leader(servers);
 
         let mut row = Row { arm: arm.into(), member_distress: etcd1.cell(), ..Row::default() };
+        if let Some(r) = restarted_etcd_only {
+            let (s, stretches) = etcd1.within(r, r + HELD_AFTER_RESTART);
+            let s2: Vec<String> = stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - r)).collect();
+            row.member_after_restart = format!(
+                "unhealthy {s:.1} s of {HELD_AFTER_RESTART:.0} s{}",
+                if s2.is_empty() { String::new() } else { format!(": {}", s2.join(", ")) }
+            );
+        }
         if !etcd1.stretches.is_empty() {
             let s: Vec<String> = etcd1.stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - t0)).collect();
             row.notes.push(format!("server1's member unhealthy from {}", s.join(", ")));
@@ -1419,9 +1429,16 @@ fn print_table(rows: &[Row]) {
         out,
         "\n== the incident, four arms (server1 in a {LIMIT_MIB} MiB cgroup v1 memory cgroup; PSI is the host's) =="
     );
-    let fields: [Field; 12] = [
+    let fields: [Field; 13] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
+        ("its member after the restart into etcd-only", |r| {
+            if r.member_after_restart.is_empty() {
+                "-".into()
+            } else {
+                r.member_after_restart.clone()
+            }
+        }),
         ("etcd leader changes", |r| r.leader_changes.clone()),
         ("API write seconds failed or > 1 s", |r| r.bad_write_seconds.clone()),
         ("workload", |r| r.workload.clone()),

@@ -116,6 +116,8 @@ pub struct MemberFigures {
     pub slow_applies: f64,
     /// Unhealthy stretches (start, seconds) of 2 s or more, for the timeline.
     pub stretches: Vec<(f64, f64)>,
+    /// Every unhealthy stretch (start, end), for a window's figure.
+    spans: Vec<(f64, f64)>,
     last_probe: Option<(f64, bool)>,
     since: Option<f64>,
     last_scrape: Option<Scrape>,
@@ -162,7 +164,19 @@ impl MemberFigures {
         }
     }
 
+    /// Seconds unhealthy within `from..to` (the held arm's 120 s after its restart),
+    /// and the stretches of 2 s or more in it (start, seconds), cut to the window.
+    pub fn within(&self, from: f64, to: f64) -> (f64, Vec<(f64, f64)>) {
+        let cut: Vec<(f64, f64)> =
+            self.spans.iter().map(|&(a, b)| (a.max(from), b.min(to))).filter(|(a, b)| b > a).collect();
+        (
+            cut.iter().map(|(a, b)| b - a).sum(),
+            cut.iter().filter(|(a, b)| b - a >= 2.0).map(|&(a, b)| (a, b - a)).collect(),
+        )
+    }
+
     fn close(&mut self, start: f64, end: f64) {
+        self.spans.push((start, end));
         self.longest_s = self.longest_s.max(end - start);
         if end - start >= 2.0 {
             self.stretches.push((start, end - start));
@@ -303,5 +317,10 @@ etcd_server_slow_apply_total 1
         assert_eq!(f.stretches, vec![(0.25, 2.75)]);
         assert!((f.longest_s - 2.75).abs() < 1e-9);
         assert_eq!(f.probes, 5);
+        // A window counts only its part of each stretch.
+        let (s, stretches) = f.within(0.5, 3.5);
+        assert!((s - 2.75).abs() < 1e-9, "{s}");
+        assert_eq!(stretches, vec![(0.5, 2.5)]);
+        assert_eq!(f.within(3.0, 3.2).0, 0.0);
     }
 }
