@@ -1062,10 +1062,10 @@ async fn scenario(
         let mut row = Row { arm: arm.into(), member_distress: etcd1.cell(), ..Row::default() };
         if let Some(r) = restarted_etcd_only {
             let (s, stretches) = etcd1.within(r, r + HELD_AFTER_RESTART);
-            let s2: Vec<String> = stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - r)).collect();
+            let parts: Vec<String> = stretches.iter().map(|(t, d)| format!("+{:.1}s for {d:.1}s", t - r)).collect();
             row.member_after_restart = format!(
                 "unhealthy {s:.1} s of {HELD_AFTER_RESTART:.0} s{}",
-                if s2.is_empty() { String::new() } else { format!(": {}", s2.join(", ")) }
+                if parts.is_empty() { String::new() } else { format!(": {}", parts.join(", ")) }
             );
         }
         if !etcd1.stretches.is_empty() {
