@@ -24,7 +24,17 @@ pub const HUB: &str = "regrade-vm-hub";
 /// what a killed run left (qemu's cgroups, the peers' containers, temporary trees).
 pub struct Lock(File);
 
+/// Fails at once, before the rigs and the image are built, when qemu is not installed.
 pub fn take_lock() -> Lock {
+    for tool in ["qemu-system-x86_64", "qemu-img"] {
+        let on_path =
+            std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+        assert!(
+            on_path,
+            "{tool} is not installed: the VM lane needs Debian's qemu-system-x86 and qemu-utils \
+             (tests/run installs them, without their recommends)"
+        );
+    }
     let lock =
         std::fs::OpenOptions::new().create(true).truncate(false).write(true).open("/tmp/regrade-vm.lock").unwrap();
     // SAFETY: flock on a file this test opened.
