@@ -17,7 +17,8 @@ const AGAIN_EVERY: Duration = Duration::from_secs(60);
 pub struct MemberLearning {
     /// `None`: known (or nothing to learn: a dry run).
     again_at: Option<Instant>,
-    /// The last failure was logged: the next one is not, until a success.
+    /// A failure was logged: the later ones, a minute apart, are not (after a success
+    /// nothing is tried again).
     said_failure: bool,
 }
 
