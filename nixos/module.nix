@@ -29,6 +29,9 @@
     kubelet-arg+:
       - "system-reserved=memory=${toString cfg.protect.systemReservedMemory}"
   '';
+  # k3s's and the system's memory PSI (cgroup v2: k3s.service is in system.slice, the
+  # pods in kubepods.slice beside it); the default pressure source while the pods are capped.
+  serverPsi = "/sys/fs/cgroup/system.slice/memory.pressure";
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
@@ -408,6 +411,17 @@ in {
                   example = 10;
                   description = "PSI percent below which a sample may be calm. `null`: `threshold`.";
                 };
+                source = lib.mkOption {
+                  type = nullOr lib.types.str;
+                  default = null;
+                  example = "/proc/pressure/memory";
+                  description = ''
+                    The PSI file regrade reads. Default here: system.slice's `memory.pressure` (the stalls of k3s
+                    and the system) while `protect.systemReservedMemory` caps the pods, since host-wide their own
+                    thrash inside the cap counts as the server's and steps it for nothing (docs/incident-vm.md);
+                    otherwise, or `null` with the reservation off, `/proc/pressure/memory`.
+                  '';
+                };
                 mem_available_floor = lib.mkOption {
                   type = nullOr (lib.types.either lib.types.ints.unsigned lib.types.str);
                   default = null;
@@ -639,6 +653,8 @@ in {
         # Only a non-default data dir needs the paths written (regrade's defaults are k3s's).
         etcd = lib.mkIf (cfg.k3sDataDir != "/var/lib/rancher/k3s") (lib.mapAttrs (_: lib.mkDefault) etcdFiles);
         metrics = lib.mkIf cfg.metrics.enable {listen = metricsListen;};
+        # The pods capped: the server's pressure, not theirs (settings.pressure.source).
+        pressure.source = lib.mkIf (cfg.protect.systemReservedMemory != null) (lib.mkDefault serverPsi);
       };
 
       networking.firewall.allowedTCPPorts = lib.mkIf (cfg.metrics.enable && cfg.metrics.openFirewall) [cfg.metrics.port];

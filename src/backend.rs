@@ -59,7 +59,7 @@ pub fn actuator(cfg: &Config) -> anyhow::Result<Box<dyn Actuator>> {
 /// under systemd; none to judge for a k3s container.
 #[cfg(not(feature = "docker"))]
 pub async fn protections(cfg: &Config) -> Vec<crate::actuator::systemd::protections::Finding> {
-    crate::actuator::systemd::protections::survey(&cfg.systemd).await
+    crate::actuator::systemd::protections::survey(&cfg.systemd, &cfg.pressure.source).await
 }
 
 #[cfg(feature = "docker")]

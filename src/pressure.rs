@@ -198,6 +198,15 @@ pub enum SampleError {
 impl std::fmt::Display for SampleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            // A cgroup's memory.pressure (pressure.source on system.slice, say) is missing
+            // for another reason than the kernel's: the host's cgroups are v1.
+            SampleError::PsiUnavailable { path, cause } if path.starts_with("/sys/fs/cgroup") => write!(
+                f,
+                "memory pressure (PSI) is unavailable: pressure.source = {}: {cause}. A cgroup has a \
+                 memory.pressure only on cgroup v2 (unified hierarchy); on cgroup v1 set pressure.source = \"{}\"",
+                path.display(),
+                PROC_PSI
+            ),
             SampleError::PsiUnavailable { path, cause } => write!(
                 f,
                 "memory pressure (PSI) is unavailable: {}: {cause}. regrade needs a kernel built with \
@@ -943,6 +952,10 @@ mod tests {
         assert!(e.is_fatal());
         let msg = e.to_string();
         assert!(msg.contains("no-such-psi") && msg.contains("CONFIG_PSI") && msg.contains("psi=0"), "{msg}");
+        // A cgroup's file missing is no kernel option: on cgroup v1 there is no such file.
+        let cg = Path::new("/sys/fs/cgroup/no-such.slice/memory.pressure");
+        let msg = Sampler::open(cg, &mem).err().unwrap().to_string();
+        assert!(msg.contains("pressure.source") && msg.contains("cgroup v1") && !msg.contains("CONFIG_PSI"), "{msg}");
     }
 
     struct Unsupported;

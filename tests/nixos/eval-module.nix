@@ -607,6 +607,14 @@ in {
     disabled = levers disabled;
     off = levers off;
     reservedText = lib.head (lib.filter (lib.hasInfix "40-regrade-reserved.yaml") enabled.systemd.tmpfiles.rules);
+    # With the pods capped regrade reads the server's PSI; the operator's setting wins.
+    pressureSource = let
+      source = c: c.services.regrade.settings.pressure.source;
+    in {
+      reserved = source enabled;
+      unreserved = source off;
+      set = source (eval {services.regrade.settings.pressure.source = "/proc/pressure/memory";});
+    };
   };
   # Turning regrade off must leave k3s.service's definition exactly as it was.
   k3sUnitUnchangedWhenDisabled =

@@ -88,6 +88,8 @@ check(p["enabled"]["memoryLow"] == "512M" and p["enabled"]["sliceMemoryLow"] == 
 check(p["disabled"] == p["enabled"], "the static protections stay with regrade off (k3s.service unchanged)")
 check(p["off"] == {"memoryLow": None, "sliceMemoryLow": None, "oomScoreAdjust": None, "reserved": []}, f"each protection off with null: {p['off']}")
 check(p["reservedText"].startswith("L+ ") and "/config.yaml.d/40-regrade-reserved.yaml" in p["reservedText"], f"the reserved-memory drop-in is linked into k3s's config.yaml.d: {p['reservedText']}")
+check(p["pressureSource"] == {"reserved": "/sys/fs/cgroup/system.slice/memory.pressure", "unreserved": None, "set": "/proc/pressure/memory"},
+      f"pressure.source: system.slice's while the pods are capped, regrade's default (null) without, the operator's when set: {p['pressureSource']}")
 pre = en["units"]["k3s"]["serviceConfig"]["ExecStartPre"]
 check(len(pre) == 1 and pre[0].startswith("-/nix/store/"), "k3s ExecStartPre is one '-'-prefixed hook: %s" % pre)
 svc = en["units"]["regrade"]["serviceConfig"]

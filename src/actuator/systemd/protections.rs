@@ -4,6 +4,9 @@
 //! slice's (cgroup v2 only), its `OOMScoreAdjust=` and the k3s process's
 //! `oom_score_adj` now, and the kubelet's `system-reserved` memory in k3s's config.
 //!
+//! With the pods capped on cgroup v2 it also says whether regrade reads the server's
+//! PSI rather than the host's.
+//!
 //! [`survey`] reads systemd over D-Bus (one bounded call) and a few files;
 //! [`judge`] turns what was read into plain words, and is table-tested.
 
@@ -30,6 +33,8 @@ pub struct Facts {
     pub main_oom_score_adj: Option<i32>,
     /// The k3s config file that sets the kubelet's `system-reserved`, if one does.
     pub system_reserved_in: Option<PathBuf>,
+    /// The PSI file regrade reads (`pressure.source`, resolved).
+    pub psi_source: PathBuf,
 }
 
 /// One protection, as `status` says it.
@@ -46,6 +51,10 @@ const IN_PLACE: &str = "in place";
 const MISSING: &str = "missing";
 const NOT_HERE: &str = "not on this host";
 const UNKNOWN: &str = "unknown";
+
+/// The PSI of k3s and the system, not the pods', on cgroup v2 (systemd puts k3s.service
+/// in system.slice, the kubelet the pods in kubepods.slice beside it).
+pub const SERVER_PSI: &str = "/sys/fs/cgroup/system.slice/memory.pressure";
 
 const FIX_UNIT: &str = "install packaging/systemd/k3s.service.d/40-regrade-protect.conf \
      (NixOS: services.regrade.protect), then systemctl daemon-reload";
@@ -135,13 +144,35 @@ pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
                 .into(),
         ),
     });
+    // With the pods capped, the host-wide PSI counts their own thrash inside the cap,
+    // which no step of this server relieves (docs/incident-vm.md, the reserved runs).
+    if f.cgroup_v2_memory && f.system_reserved_in.is_some() {
+        out.push(if f.psi_source == Path::new(crate::pressure::PROC_PSI) {
+            found(
+                "server's pressure",
+                MISSING,
+                format!(
+                    "regrade reads PSI host-wide ({}), where the pods' thrash inside their reserved cap counts as \
+                     this server's and steps it for nothing; set pressure.source = \"{SERVER_PSI}\" (NixOS: the \
+                     default while protect.systemReservedMemory is set)",
+                    f.psi_source.display()
+                ),
+            )
+        } else {
+            found("server's pressure", IN_PLACE, format!("regrade reads PSI from {}", f.psi_source.display()))
+        });
+    }
     out
 }
 
 /// Reads what [`judge`] needs: systemd over D-Bus (bounded by `systemd.call_timeout`),
 /// the cgroup files, the main process's `oom_score_adj`, k3s's config files.
-pub async fn survey(cfg: &SystemdConfig) -> Vec<Finding> {
-    let mut f = Facts { cgroup_v2_memory: cgroup_v2_memory(Path::new("/sys/fs/cgroup")), ..Default::default() };
+pub async fn survey(cfg: &SystemdConfig, psi_source: &Path) -> Vec<Finding> {
+    let mut f = Facts {
+        cgroup_v2_memory: cgroup_v2_memory(Path::new("/sys/fs/cgroup")),
+        psi_source: psi_source.to_path_buf(),
+        ..Default::default()
+    };
     let unit = async { Systemd::connect(&cfg.unit, cfg.call_timeout.0).await?.protection().await };
     let unit = unit.await.map_err(|e| format!("{e:#}"));
     if let Ok(u) = &unit {
@@ -217,6 +248,7 @@ mod tests {
             slice: "system.slice".into(),
             main_oom_score_adj: Some(-999),
             system_reserved_in: Some("/etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml".into()),
+            psi_source: SERVER_PSI.into(),
         };
         assert_eq!(
             states(&all),
@@ -224,9 +256,15 @@ mod tests {
                 ("memory protection", IN_PLACE),
                 ("OOM score", IN_PLACE),
                 ("k3s process", IN_PLACE),
-                ("reserved memory", IN_PLACE)
+                ("reserved memory", IN_PLACE),
+                ("server's pressure", IN_PLACE)
             ]
         );
+        // The pods capped, the PSI read host-wide: their thrash would step the server.
+        let host_wide = Facts { psi_source: crate::pressure::PROC_PSI.into(), ..all.clone() };
+        let w = &judge(&host_wide, "k3s.service")[4];
+        assert_eq!(w.state, MISSING);
+        assert!(w.words.contains(SERVER_PSI), "{w:?}");
         let none = Facts {
             unit: Some(Ok(unit(0, 0))),
             slice_low: Some(0),
@@ -235,7 +273,7 @@ mod tests {
             ..all.clone()
         };
         let words = judge(&none, "k3s.service");
-        assert!(words.iter().all(|w| w.state == MISSING), "{words:?}");
+        assert!(words.iter().all(|w| w.state == MISSING) && words.len() == 4, "{words:?}");
         assert!(
             words[0].words.contains("40-regrade-protect.conf") && words[1].words.contains("OOMScoreAdjust=0"),
             "{words:?}"
@@ -247,8 +285,10 @@ mod tests {
         assert_eq!(w.state, MISSING);
         assert!(w.words.contains("system.slice only 0 MiB") && w.words.contains("system.slice.d"), "{w:?}");
         // cgroup v1: memory protection does not exist here, and says so.
-        let v1 = Facts { cgroup_v2_memory: false, ..all.clone() };
+        let v1 = Facts { cgroup_v2_memory: false, ..host_wide.clone() };
         assert_eq!(states(&v1)[0], ("memory protection", NOT_HERE));
+        // cgroup v1 has no PSI per cgroup: host-wide is the only reading, nothing to say.
+        assert_eq!(states(&v1).len(), 4);
         // The kubelet has set -999 on the process, the unit has no OOMScoreAdjust: the
         // window of a restart is still open.
         let window = Facts { unit: Some(Ok(unit(512 << 20, 0))), ..all.clone() };
@@ -257,7 +297,12 @@ mod tests {
         let unreachable = Facts { unit: Some(Err("no bus".into())), ..all };
         assert_eq!(
             states(&unreachable),
-            [("memory protection", UNKNOWN), ("OOM score", UNKNOWN), ("reserved memory", IN_PLACE)]
+            [
+                ("memory protection", UNKNOWN),
+                ("OOM score", UNKNOWN),
+                ("reserved memory", IN_PLACE),
+                ("server's pressure", IN_PLACE)
+            ]
         );
         let v1_unreachable = Facts { cgroup_v2_memory: false, ..unreachable };
         assert_eq!(states(&v1_unreachable)[0], ("memory protection", NOT_HERE));
