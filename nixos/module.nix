@@ -32,6 +32,10 @@
   # k3s's and the system's memory PSI (cgroup v2: k3s.service is in system.slice, the
   # pods in kubepods.slice beside it); the default pressure source while the pods are capped.
   serverPsi = "/sys/fs/cgroup/system.slice/memory.pressure";
+  psiSource =
+    if cfg.settings.pressure.source == null
+    then "/proc/pressure/memory"
+    else cfg.settings.pressure.source;
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
@@ -746,7 +750,13 @@ in {
           CapabilityBoundingSet = ["CAP_IPC_LOCK"];
           NoNewPrivileges = true;
           ProtectSystem = "strict";
-          ReadWritePaths = lib.unique ([dropinDir (dirOf recordFile) (dirOf stateFile)] ++ lib.optional levelRecordElsewhere (dirOf levelRecordFile));
+          ReadWritePaths = lib.unique (
+            [dropinDir (dirOf recordFile) (dirOf stateFile)]
+            ++ lib.optional levelRecordElsewhere (dirOf levelRecordFile)
+            # The PSI trigger writes to a cgroup's memory.pressure, which
+            # ProtectControlGroups would make read-only.
+            ++ lib.optional (lib.hasPrefix "/sys/fs/cgroup/" psiSource) "-${psiSource}"
+          );
           # Of k3s's data directory (its tokens, its CA keys), only the etcd client
           # certificates are visible, read-only: an empty read-only tmpfs over it with the
           # three files bound in (systemd.exec(5) gives this pairing as its example).

@@ -95,7 +95,8 @@ check(len(pre) == 1 and pre[0].startswith("-/nix/store/"), "k3s ExecStartPre is 
 svc = en["units"]["regrade"]["serviceConfig"]
 check(svc["Type"] == "notify" and svc["Restart"] == "always" and "WatchdogSec" in svc, "regrade.service: Type=notify, Restart=always, WatchdogSec")
 check("ProcSubset" not in svc, "regrade.service: no ProcSubset (it would hide /proc/pressure)")
-check(svc["ReadWritePaths"] == [tmp + "/k3s/config.yaml.d", tmp + "/k3s"], "regrade.service writes only the drop-in dir and the record dir: %s" % svc["ReadWritePaths"])
+check(svc["ReadWritePaths"] == [tmp + "/k3s/config.yaml.d", tmp + "/k3s", "-/sys/fs/cgroup/system.slice/memory.pressure"],
+      "regrade.service writes only the drop-in dir, the record dir and (the PSI trigger) system.slice's memory.pressure: %s" % svc["ReadWritePaths"])
 check(svc.get("StateDirectory") == "regrade", "regrade.service has StateDirectory=regrade (cluster.endpoints_cache): %s" % svc.get("StateDirectory"))
 check(svc.get("TimeoutStopSec") == "30min", "regrade.service: TimeoutStopSec=30min, a step finishes before SIGTERM is honoured")
 check(svc.get("IOSchedulingClass") == "realtime", "regrade.service: IOSchedulingClass=realtime, ahead of the workloads for the disk: %s" % svc.get("IOSchedulingClass"))
@@ -120,7 +121,7 @@ for v in ["k3s130", "k3s133"]:
     check(ap[v]["manifests"] == ["regrade-admission-policy", "regrade-rbac"] and ap[v]["warnings"] == [],
           "%s: the admission policy is installed beside the RBAC, no warning: %s" % (v, ap[v]))
 pe = d["pathsElsewhere"]
-check(pe["readWritePaths"] == [tmp + "/k3s/config.yaml.d", "/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]
+check(pe["readWritePaths"] == [tmp + "/k3s/config.yaml.d", "/srv/regrade-run", "/srv/regrade-state", "/srv/regrade", "-/sys/fs/cgroup/system.slice/memory.pressure"]
       and all("d %s 0755 root root -" % p in pe["tmpfiles"] for p in ["/srv/regrade-run", "/srv/regrade-state", "/srv/regrade"]),
       "level_record, state_file, systemd.record elsewhere: regrade.service may write each one's directory, made at boot: %s" % pe["readWritePaths"])
 check(all(line in pe["preSwitchCheck"].splitlines() for line in [
