@@ -200,13 +200,17 @@ impl std::fmt::Display for SampleError {
         match self {
             // A cgroup's memory.pressure (pressure.source on system.slice, say) is missing
             // for another reason than the kernel's: the host's cgroups are v1.
-            SampleError::PsiUnavailable { path, cause } if path.starts_with("/sys/fs/cgroup") => write!(
-                f,
-                "memory pressure (PSI) is unavailable: pressure.source = {}: {cause}. A cgroup has a \
-                 memory.pressure only on cgroup v2 (unified hierarchy); on cgroup v1 set pressure.source = \"{}\"",
-                path.display(),
-                PROC_PSI
-            ),
+            SampleError::PsiUnavailable { path, cause }
+                if path.starts_with("/sys/fs/cgroup") && cause.kind() == io::ErrorKind::NotFound =>
+            {
+                write!(
+                    f,
+                    "memory pressure (PSI) is unavailable: pressure.source = {}: {cause}. A cgroup has a \
+                     memory.pressure only on cgroup v2 (unified hierarchy); on cgroup v1 set pressure.source = \"{}\"",
+                    path.display(),
+                    PROC_PSI
+                )
+            }
             SampleError::PsiUnavailable { path, cause } => write!(
                 f,
                 "memory pressure (PSI) is unavailable: {}: {cause}. regrade needs a kernel built with \
