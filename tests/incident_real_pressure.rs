@@ -1432,13 +1432,7 @@ fn print_table(rows: &[Row]) {
     let fields: [Field; 13] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
-        ("its member after the restart into etcd-only", |r| {
-            if r.member_after_restart.is_empty() {
-                "-".into()
-            } else {
-                r.member_after_restart.clone()
-            }
-        }),
+        ("its member after the restart into etcd-only", |r| r.member_after_restart.clone()),
         ("etcd leader changes", |r| r.leader_changes.clone()),
         ("API write seconds failed or > 1 s", |r| r.bad_write_seconds.clone()),
         ("workload", |r| r.workload.clone()),
@@ -1446,17 +1440,14 @@ fn print_table(rows: &[Row]) {
         ("onset → relief (PSI some avg10 ≥ 40 → < 40)", |r| r.onset_to_relief.clone()),
         ("peak PSI some avg10", |r| r.peak_psi.clone()),
         ("time with PSI some avg10 ≥ 40 %", |r| r.psi_over.clone()),
-        (
-            "PSS of server1's processes by level",
-            |r| if r.rss_freed.is_empty() { "-".into() } else { r.rss_freed.clone() },
-        ),
-        ("regrade's steps", |r| if r.regrade_steps.is_empty() { "-".into() } else { r.regrade_steps.clone() }),
+        ("PSS of server1's processes by level", |r| r.rss_freed.clone()),
+        ("regrade's steps", |r| r.regrade_steps.clone()),
         ("notes", |r| r.notes.join("; ")),
     ];
     for r in rows {
         let _ = writeln!(out, "\n-- arm: {} --", r.arm);
         for (name, f) in &fields {
-            let _ = writeln!(out, "  {name:<46} {}", f(r));
+            let _ = writeln!(out, "  {name:<46} {}", shared::or_dash(f(r)));
         }
     }
     println!("{out}");

@@ -325,7 +325,6 @@ fn vm_incident() {
             (format!("/etc/regrade/{file}"), std::fs::read_to_string(repo(&format!("tests/vm/{file}"))).unwrap())
         })
         .collect();
-    let records: Vec<(&str, String)> = records.iter().map(|(p, t)| (p.as_str(), t.clone())).collect();
     let seed = lane::server1_seed(tmp.path(), &certs, &names, &bin, &regrade_bin, &toml, &records);
     let guest = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND, "", guest::cpus(2));
     let peers = lane::peers_up(tmp.path(), &certs, &names, &bin);
@@ -1027,13 +1026,7 @@ fn print_table(rows: &[Row], g: &Guest) {
     let fields: [Field; 17] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
-        ("its member after the restart into etcd-only", |r| {
-            if r.member_after_restart.is_empty() {
-                "-".into()
-            } else {
-                r.member_after_restart.clone()
-            }
-        }),
+        ("its member after the restart into etcd-only", |r| r.member_after_restart.clone()),
         ("etcd leader changes", |r| r.leader_changes.clone()),
         ("API write seconds failed or > 1 s", |r| r.bad_write_seconds.clone()),
         ("workload", |r| r.workload.clone()),
@@ -1052,7 +1045,7 @@ fn print_table(rows: &[Row], g: &Guest) {
     for r in rows {
         let _ = writeln!(out, "\n-- arm: {} --", r.arm);
         for (name, f) in &fields {
-            let _ = writeln!(out, "  {name:<50} {}", f(r));
+            let _ = writeln!(out, "  {name:<50} {}", shared::or_dash(f(r)));
         }
     }
     let _ = writeln!(

@@ -256,7 +256,7 @@ fn vm_power_cuts() {
         &bin,
         &regrade_bin,
         &toml,
-        &[("/etc/tmpfiles.d/regrade-vm.conf", tmpfiles)],
+        &[("/etc/tmpfiles.d/regrade-vm.conf".into(), tmpfiles)],
     );
     let cmdline = rootflags.as_ref().map_or(String::new(), |f| format!("rootflags={f}"));
     let mut g = Guest::boot(&image, &seed, &tmp.path().join("guest"), GUEST_BOUND, &cmdline, guest::cpus(1));

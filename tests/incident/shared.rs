@@ -45,6 +45,15 @@ pub fn system_reserved_bytes() -> u64 {
     mib.unwrap_or_else(|| panic!("{path}: no system-reserved=memory=<N>Mi")) << 20
 }
 
+/// A table cell: `-` for one with nothing to say.
+pub fn or_dash(cell: String) -> String {
+    if cell.is_empty() {
+        "-".into()
+    } else {
+        cell
+    }
+}
+
 /// Children die with the test, even SIGKILLed (PR_SET_PDEATHSIG: when the thread that
 /// spawned them ends).
 pub fn dies_with_us(c: &mut Command) -> &mut Command {

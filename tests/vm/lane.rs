@@ -135,7 +135,7 @@ pub fn server1_seed(
     bin: &Path,
     regrade_bin: &Path,
     regrade_toml: &str,
-    more: &[(&str, String)],
+    more: &[(String, String)],
 ) -> PathBuf {
     let (etc, root) = seed_k3s(tmp, certs, names, 1);
     let seed = tmp.join("vm-seed");
