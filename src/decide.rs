@@ -223,6 +223,13 @@ pub struct EtcdOnlyCost {
     pub limits: DistressLimits,
 }
 
+impl EtcdOnlyCost {
+    /// Whether `step` is weighed at all: the step down into `etcd-only`, with `hold` on.
+    pub fn applies_to(&self, step: &Step) -> bool {
+        self.hold && step.direction == Direction::Down && step.to == Level::EtcdOnly
+    }
+}
+
 /// When the local member is in distress: not healthy, or a p99 (over the last look's
 /// interval) at or over its limit (`etcd.wal_fsync_p99_limit`,
 /// `etcd.backend_commit_p99_limit`).
@@ -332,8 +339,7 @@ pub fn weigh_etcd_only(
     freed_by_drain: Option<i64>,
     member: &MemberSignals,
 ) -> Option<EtcdOnlyHeld> {
-    let into_etcd_only = step.direction == Direction::Down && step.to == Level::EtcdOnly;
-    if !cost.hold || !into_etcd_only {
+    if !cost.applies_to(step) {
         return None;
     }
     if freed_by_drain.is_some_and(|f| f >= cost.drain_freed_at_least as i64) {

@@ -491,15 +491,30 @@ async fn apply(
         if drained.is_some() {
             tracked.clock.progress("the drain is over");
         }
-        if let Some(report) = drained.as_ref().filter(|r| r.interrupted && levels.needs_restart(step.from, step.to)) {
-            // Stopped by a signal before the restart: k3s is still at `from`,
-            // so the marks go back to it and the step did not happen.
-            cluster.record(StepEvent::Drained(report)).await;
+        // Before the restart, the step may still end with k3s untouched at `from`:
+        // stopped by a signal during the drain, or held by its cost, weighed once more
+        // now (the drain can take minutes; the member's distress is what the restart
+        // would meet). The marks go back to `from` and the step did not happen.
+        let restart = levels.needs_restart(step.from, step.to);
+        let stopped = drained
+            .as_ref()
+            .filter(|r| r.interrupted && restart)
+            .map(|report| anyhow::anyhow!("stopped by a signal while draining, before restarting k3s; {report}"));
+        let held = || {
+            let refusal = tracked.gate.held_by_cost(step)?;
+            METRICS.refused(refusal.kind);
+            tracing::warn!(kind = refusal.kind.as_str(), reason = %refusal.message, to = %step.to, "{HELD_AT_RESTART}");
+            Some(anyhow::anyhow!("{HELD_AT_RESTART} ({}): {}", refusal.kind.as_str(), refusal.message))
+        };
+        if let Some(error) = stopped.or_else(held) {
+            if let Some(report) = &drained {
+                cluster.record(StepEvent::Drained(report)).await;
+            }
             if let Err(m) = cluster.mark_node(step.from, levels).await {
                 keeper.marks_unsure.set(true);
                 tracing::error!(error = %format!("{m:#}"), level = %step.from, "could not put the Node's marks back");
             }
-            anyhow::bail!("stopped by a signal while draining, before restarting k3s; {report}");
+            return Err(error);
         }
     }
     let applying = async {
@@ -541,6 +556,10 @@ async fn apply(
     Ok(())
 }
 
+/// What a step says when [`RestartGate::held_by_cost`] holds it after its drain (the
+/// journal's message; the step's error begins with it).
+pub const HELD_AT_RESTART: &str = "held at the moment of the restart by its cost";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,6 +577,8 @@ mod tests {
         not_back: bool,
         /// How long each look before a restart takes.
         takes: Duration,
+        /// What [`RestartGate::held_by_cost`] answers, logged.
+        held: Option<Refusal>,
     }
 
     impl Gate {
@@ -569,6 +590,7 @@ mod tests {
                 calls: Default::default(),
                 not_back: false,
                 takes: Duration::ZERO,
+                held: None,
             }
         }
     }
@@ -595,6 +617,12 @@ mod tests {
         }
         async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
             Ok(vec![])
+        }
+        fn held_by_cost(&self, _step: &Step) -> Option<Refusal> {
+            // Logged only when set: the other tests' logs have no weighing in them.
+            let held = self.held.clone()?;
+            self.log.push("held by its cost");
+            Some(held)
         }
     }
 
@@ -977,6 +1005,47 @@ mod tests {
                 "event failed"
             ],
             "no apply after the refusal"
+        );
+        assert_eq!(a.level(), Level::ControlPlane, "k3s not restarted");
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));
+    }
+
+    /// The member fell into distress during the drain into etcd-only (decided while
+    /// it was well): the cost, weighed again after the drain, holds the step. Nothing
+    /// is restarted, the marks go back to control-plane, the drain's Event is posted.
+    #[test]
+    fn the_cost_is_weighed_again_after_the_drain_and_holds_the_restart() {
+        let log = Log::default();
+        let mut a = FakeActuator::at(Level::ControlPlane).logging_to(&log);
+        let c = FakeCluster { drained: Some(Default::default()), ..FakeCluster::logging_to(&log) };
+        let held = Refusal {
+            kind: RefusalKind::EtcdOnlyHeld,
+            subject: "member-in-distress".into(),
+            message: "the local etcd member is in distress (not healthy)".into(),
+        };
+        let g = Gate { held: Some(held), ..Gate::logging_to(&log) };
+        let k = keeper();
+        let out = block_on(run(&DOWN, &mut a, &c, &g, &LevelsConfig::default(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane);
+        let error = format!("{error:#}");
+        assert!(error.starts_with(HELD_AT_RESTART) && error.contains("etcd-only-held"), "{error}");
+        assert_eq!(
+            log.take(),
+            [
+                "preflight",
+                "etcd check",
+                "acquire",
+                "etcd check",
+                "mark etcd-only",
+                "drain",
+                "held by its cost",
+                "event drained",
+                "mark control-plane",
+                "release",
+                "event failed"
+            ],
+            "weighed after the drain; no apply after the hold"
         );
         assert_eq!(a.level(), Level::ControlPlane, "k3s not restarted");
         assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None));

@@ -31,6 +31,11 @@ impl Log {
     pub fn take(&self) -> Vec<String> {
         self.0.take()
     }
+
+    /// Whether `what` was logged (and not taken yet).
+    pub fn has(&self, what: &str) -> bool {
+        self.0.borrow().iter().any(|s| s == what)
+    }
 }
 
 /// k3s as a level in memory. `level` is shared, so a test can change it behind the

@@ -416,12 +416,13 @@ impl Server {
         self.first_line("restart requested; waiting for a new process and etcd's health", "LEVEL", level, since)
     }
 
-    /// Whether regrade's journal since `since` says it decided a step into `level`.
-    /// regrade refused the step into etcd-only by its cost (`etcd-only-held`).
+    /// Whether regrade's journal since `since` says it held the step into etcd-only by
+    /// its cost (`etcd-only-held`).
     fn held_by_cost(&self, since: f64) -> bool {
-        self.first_line("step refused", "KIND", "etcd-only-held", since).is_some()
+        shared::held_by_cost(&self.journal("regrade.service", since))
     }
 
+    /// Whether regrade's journal since `since` says it decided a step into `level`.
     fn stepping_to(&self, level: &str, since: f64) -> bool {
         self.first_line("stepping", "TO", level, since).is_some()
     }

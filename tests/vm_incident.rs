@@ -640,8 +640,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             if now() - t0 >= bound.as_secs_f64() {
                 let undecided = tool == HELD && bound == HELD_BOUND && {
                     let j = journal(g, "regrade.service", t0);
-                    first_line(&j, "stepping", "TO", "etcd-only").is_none()
-                        && first_line(&j, "step refused", "KIND", "etcd-only-held").is_none()
+                    first_line(&j, "stepping", "TO", "etcd-only").is_none() && !shared::held_by_cost(&j)
                 };
                 if undecided {
                     bound = HELD_LATE_BOUND;
@@ -839,7 +838,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             row.round_trip = first_line(&j, "step done", "LEVEL", "control-plane").is_some() && back_full.is_some();
             row.stepped = first_step.is_some();
             row.reached_etcd_only = first_line(&j, "step done", "LEVEL", "etcd-only").is_some();
-            row.held_at_control_plane = first_line(&j, "step refused", "KIND", "etcd-only-held").is_some();
+            row.held_at_control_plane = shared::held_by_cost(&j);
             if row.held_at_control_plane {
                 row.notes.push("regrade held the step into etcd-only by its cost (etcd-only-held)".into());
             }

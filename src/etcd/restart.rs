@@ -38,6 +38,13 @@ pub trait RestartGate {
     async fn learn_members(&self) -> anyhow::Result<()> {
         Ok(())
     }
+    /// The step into `etcd-only` weighed against its cost once more, right before its
+    /// restart (after its drain, which can take minutes): `Some` holds it at
+    /// `control-plane`. Default: not weighed (a hand step is the operator's call);
+    /// `watch` weighs (`crate::watch`'s `WeighingGate`).
+    fn held_by_cost(&self, _step: &crate::decide::Step) -> Option<Refusal> {
+        None
+    }
 }
 
 /// Lets every restart through: dry runs, and tests of other parts.

@@ -8,6 +8,7 @@
 
 mod members;
 pub mod ticker;
+mod weighing;
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -20,7 +21,7 @@ use tokio::time::Instant;
 use crate::backend::{self, Backend};
 use crate::cluster::StepEvent;
 use crate::config::Config;
-use crate::decide::Step;
+use crate::decide::{MemberSignals, Step};
 use crate::level::Level;
 use crate::level_keeper::{self, Backoff, Keeper, Pending};
 use crate::level_record::LevelRecord;
@@ -116,6 +117,9 @@ struct Watcher<'a> {
     pacer: Pacer,
     /// The etcd members, learned while calm for the restarts that come under pressure.
     members: MemberLearning,
+    /// The local member's signals now, for the step into `etcd-only`'s cost: its last
+    /// look if fresh (`etcd::member::fresh_signals`).
+    member_signals: Box<dyn Fn() -> MemberSignals>,
 }
 
 /// How long the watchdog is fed through one API call of convergence (or a refusal's
@@ -207,6 +211,10 @@ impl<'a> Watcher<'a> {
             level_checked: Instant::now(),
             pacer,
             members: if dry_run { MemberLearning::never() } else { MemberLearning::at_once() },
+            member_signals: {
+                let max_age = cfg.etcd.member_look_max_age();
+                Box::new(move || crate::etcd::member::fresh_signals(max_age))
+            },
         })
     }
 
@@ -349,12 +357,10 @@ impl<'a> Watcher<'a> {
         }
     }
 
-    /// The step into `etcd-only` weighed against its cost, with the local member's last
-    /// look if it is fresh (three looks' worth).
+    /// The step into `etcd-only` weighed against its cost at its decision, with the
+    /// local member's last look if it is fresh (three looks' worth).
     fn etcd_only_held(&self, step: &Step) -> Option<crate::cluster::Refusal> {
-        let etcd = &self.cfg.etcd;
-        let member = crate::etcd::member::fresh_signals(etcd.member_look_max_age());
-        self.ticker.etcd_only_held(step, &etcd.etcd_only_cost(), &member)
+        self.ticker.etcd_only_held(step, &self.cfg.etcd.etcd_only_cost(), &(self.member_signals)())
     }
 
     /// A hold left by the NixOS switch-time check (`crate::hold`): no step starts while
@@ -475,7 +481,14 @@ impl<'a> Watcher<'a> {
     /// Runs a step, pinging the watchdog meanwhile: a restart can outlast WatchdogSec.
     async fn run_step(&mut self, step: &Step, resume: bool, clock: &StepClock) -> Outcome {
         let Backend { actuator, cluster, etcd } = &mut self.backend;
-        let (a, c, e, l, k) = (actuator.as_mut(), cluster.as_ref(), etcd.as_ref(), &self.cfg.levels, &self.keeper);
+        let weighing = weighing::WeighingGate {
+            gate: etcd.as_ref(),
+            ticker: &self.ticker,
+            pressure: &self.cfg.pressure,
+            cost: self.cfg.etcd.etcd_only_cost(),
+            member: &self.member_signals,
+        };
+        let (a, c, e, l, k) = (actuator.as_mut(), cluster.as_ref(), &weighing, &self.cfg.levels, &self.keeper);
         let fut = async move {
             if resume {
                 step::resume(step, a, c, e, l, k, clock).await
@@ -866,6 +879,61 @@ mod tests {
             w.ticker.tick(Duration::from_secs(3)).unwrap();
             assert!(w.ticker.etcd_only_held(&into_etcd_only, &cost, &unhealthy).is_none());
             w.step(Duration::from_secs(3), &into_etcd_only, &StepClock::start()).await;
+            assert_eq!(level.get(), Level::EtcdOnly, "the step goes on");
+        });
+    }
+
+    /// The member falls into distress during the drain into etcd-only, decided while it
+    /// was well: the cost, weighed again by `watch`'s gate after the drain with a fresh
+    /// sample (the drain into control-plane freed nothing), holds the step there. k3s
+    /// stays at control-plane, the marks go back; with memory freed by then it goes on.
+    #[test]
+    fn the_step_into_etcd_only_is_weighed_again_after_its_drain() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+            .unwrap();
+        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap(); // 100 MiB
+        let cfg = Config::parse(&format!(
+            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
+             mem_available_floor = \"512MiB\"\nsustain = \"1s\"\nsample_period = \"1s\"\n[etcd]\nmetrics_url = \"\"\n",
+            dir.path().join("state.json"),
+            dir.path().join("level.json"),
+        ))
+        .unwrap();
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let log = crate::testing::Log::default();
+        let cluster = FakeCluster { drained: Some(Default::default()), ..FakeCluster::logging_to(&log) };
+        let (backend, level) = backend_with(Level::Full, cluster);
+        let into_etcd_only =
+            Step { direction: crate::decide::Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+        runtime().unwrap().block_on(async {
+            let mut w = Watcher::new(&cfg, backend, sampler, Mode::Act).await.unwrap();
+            assert_eq!(w.ticker.tick(Duration::ZERO).unwrap(), None);
+            let into_cp = w.ticker.tick(Duration::from_secs(1)).unwrap().expect("over for sustain: step down");
+            w.step(Duration::from_secs(1), &into_cp, &StepClock::start()).await;
+            assert_eq!(level.get(), Level::ControlPlane);
+            log.take();
+            // Well until the drain into etcd-only, unhealthy after it.
+            let drained = log.clone();
+            w.member_signals = Box::new(move || crate::decide::MemberSignals {
+                healthy: Some(!drained.has("drain")),
+                ..Default::default()
+            });
+            w.ticker.tick(Duration::from_secs(2)).unwrap();
+            w.step(Duration::from_secs(2), &into_etcd_only, &StepClock::start()).await;
+            assert_eq!(level.get(), Level::ControlPlane, "held after the drain: k3s not restarted");
+            let calls = log.take();
+            let at =
+                |what: &str| calls.iter().position(|c| c == what).unwrap_or_else(|| panic!("no {what}: {calls:?}"));
+            assert!(at("mark etcd-only") < at("drain") && at("drain") < at("mark control-plane"), "{calls:?}");
+            let state = std::fs::read_to_string(dir.path().join("state.json")).unwrap();
+            assert!(state.contains(step::HELD_AT_RESTART), "{state}");
+            // The member unhealthy after the drain again, but memory freed since the
+            // step into control-plane, shown only by the sample taken at the restart
+            // (none between): the step goes on.
+            std::fs::write(&mem, "MemAvailable: 204800 kB\n").unwrap();
+            w.step(Duration::from_secs(40), &into_etcd_only, &StepClock::start()).await;
             assert_eq!(level.get(), Level::EtcdOnly, "the step goes on");
         });
     }

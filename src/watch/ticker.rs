@@ -213,9 +213,9 @@ impl Ticker {
         false
     }
 
-    /// Whether the step into `etcd-only` is held at `control-plane` by its cost
-    /// (`decide::weigh_etcd_only`), as a refusal naming why: the step is proposed again
-    /// next sample and weighed again then.
+    /// Whether the step into `etcd-only` is held at `control-plane` by its cost, at its
+    /// decision ([`held_refusal`]): the step is proposed again next sample and weighed
+    /// again then.
     pub(super) fn etcd_only_held(
         &self,
         step: &Step,
@@ -223,17 +223,13 @@ impl Ticker {
         member: &MemberSignals,
     ) -> Option<crate::cluster::Refusal> {
         // No sample yet: nothing to weigh (watch proposes steps only from a sample).
-        let available = self.last_available?;
-        let freed = self.drain_baseline.map(|b| available as i64 - b as i64);
-        let held = weigh_etcd_only(cost, step, freed, member)?;
-        let subject = match held.why {
-            HeldBecause::MemberInDistress(_) => "member-in-distress",
-        };
-        Some(crate::cluster::Refusal {
-            kind: crate::cluster::RefusalKind::EtcdOnlyHeld,
-            subject: subject.to_string(),
-            message: held.to_string(),
-        })
+        held_refusal(cost, step, self.freed_since(self.last_available?), member)
+    }
+
+    /// Available memory freed since the step into `control-plane` that holds now was
+    /// decided, at `available`; `None`: not known.
+    pub(super) fn freed_since(&self, available: u64) -> Option<i64> {
+        self.drain_baseline.map(|b| available as i64 - b as i64)
     }
 
     /// Publishes the step about to start (or, `None`, that none is), at once.
@@ -260,4 +256,23 @@ impl Ticker {
             }
         }
     }
+}
+
+/// The step into `etcd-only` weighed against its cost (`decide::weigh_etcd_only`), as
+/// a refusal naming why; `None`: go on.
+pub fn held_refusal(
+    cost: &EtcdOnlyCost,
+    step: &Step,
+    freed: Option<i64>,
+    member: &MemberSignals,
+) -> Option<crate::cluster::Refusal> {
+    let held = weigh_etcd_only(cost, step, freed, member)?;
+    let subject = match held.why {
+        HeldBecause::MemberInDistress(_) => "member-in-distress",
+    };
+    Some(crate::cluster::Refusal {
+        kind: crate::cluster::RefusalKind::EtcdOnlyHeld,
+        subject: subject.to_string(),
+        message: held.to_string(),
+    })
 }

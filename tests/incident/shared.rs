@@ -225,6 +225,15 @@ pub fn first_line(journal: &[(f64, String, Value)], message: &str, key: &str, va
     journal.iter().find(|(_, m, v)| m == message && field(v, key) == value).map(|(t, ..)| *t)
 }
 
+/// Whether regrade's `journal` says it held the step into etcd-only by its cost
+/// (`etcd-only-held`): refused at its decision, or held at the moment of its restart,
+/// after its drain.
+pub fn held_by_cost(journal: &[(f64, String, Value)]) -> bool {
+    ["step refused", regrade::step::HELD_AT_RESTART]
+        .iter()
+        .any(|m| first_line(journal, m, "KIND", "etcd-only-held").is_some())
+}
+
 /// The Deployment `hog` scaled to 0, if there is one.
 pub async fn scale_to_zero(c: &kube::Client) -> Result<(), kube::Error> {
     let d: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(c.clone(), "default");
