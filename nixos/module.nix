@@ -36,6 +36,14 @@
     if cfg.settings.pressure.source == null
     then "/proc/pressure/memory"
     else cfg.settings.pressure.source;
+  # With pressure.memory_cgroup on cgroup v2 and the source left at the host's file,
+  # regrade reads that cgroup's memory.pressure instead (src/pressure.rs,
+  # resolve_psi_source); on cgroup v1 the file does not exist ("-" below skips it).
+  memoryCgroup = cfg.settings.pressure.memory_cgroup or null;
+  cgroupPsi =
+    if memoryCgroup != null && psiSource == "/proc/pressure/memory"
+    then "${memoryCgroup}/memory.pressure"
+    else null;
   dropinDir = dirOf cfg.settings.systemd.dropin;
   recordFile = cfg.settings.systemd.record;
   stateFile = cfg.settings.state_file;
@@ -756,6 +764,7 @@ in {
             # The PSI trigger writes to a cgroup's memory.pressure, which
             # ProtectControlGroups would make read-only.
             ++ lib.optional (lib.hasPrefix "/sys/fs/cgroup/" psiSource) "-${psiSource}"
+            ++ lib.optional (cgroupPsi != null && lib.hasPrefix "/sys/fs/cgroup/" cgroupPsi) "-${cgroupPsi}"
           );
           # Of k3s's data directory (its tokens, its CA keys), only the etcd client
           # certificates are visible, read-only: an empty read-only tmpfs over it with the

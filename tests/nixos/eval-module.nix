@@ -615,6 +615,18 @@ in {
       unreserved = source off;
       set = source (eval {services.regrade.settings.pressure.source = "/proc/pressure/memory";});
     };
+    # pressure.memory_cgroup with the host's source: regrade reads that cgroup's
+    # memory.pressure (cgroup v2), which the PSI trigger writes to.
+    cgroupPsiWritable =
+      (eval {
+        services.regrade.protect.systemReservedMemory = null;
+        services.regrade.settings.pressure.memory_cgroup = "/sys/fs/cgroup/kubepods.slice";
+      })
+      .systemd
+      .services
+      .regrade
+      .serviceConfig
+      .ReadWritePaths;
   };
   # Turning regrade off must leave k3s.service's definition exactly as it was.
   k3sUnitUnchangedWhenDisabled =

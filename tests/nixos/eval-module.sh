@@ -90,6 +90,8 @@ check(p["off"] == {"memoryLow": None, "sliceMemoryLow": None, "oomScoreAdjust": 
 check(p["reservedText"].startswith("L+ ") and "/config.yaml.d/40-regrade-reserved.yaml" in p["reservedText"], f"the reserved-memory drop-in is linked into k3s's config.yaml.d: {p['reservedText']}")
 check(p["pressureSource"] == {"reserved": "/sys/fs/cgroup/system.slice/memory.pressure", "unreserved": None, "set": "/proc/pressure/memory"},
       f"pressure.source: system.slice's while the pods are capped, regrade's default (null) without, the operator's when set: {p['pressureSource']}")
+check(p["cgroupPsiWritable"][-1] == "-/sys/fs/cgroup/kubepods.slice/memory.pressure" and not any("system.slice" in w for w in p["cgroupPsiWritable"]),
+      f"pressure.memory_cgroup read for PSI (no reservation): its memory.pressure writable for the trigger: {p['cgroupPsiWritable']}")
 pre = en["units"]["k3s"]["serviceConfig"]["ExecStartPre"]
 check(len(pre) == 1 and pre[0].startswith("-/nix/store/"), "k3s ExecStartPre is one '-'-prefixed hook: %s" % pre)
 svc = en["units"]["regrade"]["serviceConfig"]
