@@ -1074,7 +1074,8 @@ async fn scenario(
             row.notes.push(format!("server1's member unhealthy from {}", s.join(", ")));
         }
         let id_after = member_id(s2);
-        let healthy = s1.healthy();
+        // Kept: healthy again once the incident is over, not at one look as it ends.
+        let healthy = shared::wait_until(shared::MEMBER_BACK, async || s1.healthy().then_some(())).await.is_some();
         row.member_kept = id_after == Some(id_before) && healthy;
         row.member = match id_after {
             Some(id) if id == id_before && healthy => format!("same ID {id:x}, healthy"),

@@ -179,9 +179,6 @@ const BACK_TO_FULL: Duration = Duration::from_secs(120);
 /// qemu is killed past this, whatever the test is doing.
 const GUEST_BOUND: Duration = Duration::from_secs(45 * 60);
 const LONG: Duration = Duration::from_secs(120);
-/// How long after an arm's end server1's member may take to answer healthy again and
-/// still count as kept.
-const MEMBER_BACK: Duration = Duration::from_secs(60);
 
 /// The arms this run takes, in the order asked (default: [`ARMS`]); an unknown name
 /// fails at once.
@@ -742,8 +739,8 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         let id_after = peers[0].server1_member();
         // Kept: healthy again once the incident is over. The pod may have gone only at
         // the arm's end (the held arms), its thrash still ending: the sampler's first
-        // healthy /health from its last sample on, within MEMBER_BACK.
-        let back = g.wait_sample(g.samples_mark().saturating_sub(1), MEMBER_BACK, |s| s.etcd_healthy);
+        // healthy /health from its last sample on, within shared::MEMBER_BACK.
+        let back = g.wait_sample(g.samples_mark().saturating_sub(1), shared::MEMBER_BACK, |s| s.etcd_healthy);
         let healthy = back.is_some();
         if let Some(b) = back.filter(|b| b.host_t > t_end + 1.0) {
             row.notes.push(format!("server1's member healthy again {:.1} s after the arm's end", b.host_t - t_end));
@@ -752,7 +749,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
         row.member = match id_after {
             Some(id) if id == member && healthy => format!("same ID {id:x}, healthy"),
             Some(id) if id == member => {
-                format!("same ID {id:x}, NOT healthy within {} s of the arm's end", MEMBER_BACK.as_secs())
+                format!("same ID {id:x}, NOT healthy within {} s of the arm's end", shared::MEMBER_BACK.as_secs())
             }
             Some(id) => format!("NEW ID {id:x}"),
             None => "GONE from the member list".into(),

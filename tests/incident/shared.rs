@@ -125,6 +125,10 @@ pub async fn node_state(c: &kube::Client, name: &str) -> Option<(bool, bool)> {
     Some((ready, cordoned))
 }
 
+/// How long after an arm's end server1's member may take to answer healthy again and
+/// still count as kept.
+pub const MEMBER_BACK: Duration = Duration::from_secs(60);
+
 /// Waits for `f`, polling every 250 ms; `None` after `within`.
 pub async fn wait_until<T>(within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let t0 = Instant::now();
