@@ -500,13 +500,11 @@ async fn apply(
             .as_ref()
             .filter(|r| r.interrupted && restart)
             .map(|report| anyhow::anyhow!("stopped by a signal while draining, before restarting k3s; {report}"));
-        let held = || {
-            let refusal = tracked.gate.held_by_cost(step)?;
-            METRICS.refused(refusal.kind);
-            tracing::warn!(kind = refusal.kind.as_str(), reason = %refusal.message, to = %step.to, "{HELD_AT_RESTART}");
-            Some(anyhow::anyhow!("{HELD_AT_RESTART} ({}): {}", refusal.kind.as_str(), refusal.message))
+        let ended = match stopped {
+            Some(stopped) => Some(stopped),
+            None => held_at_restart(tracked.gate, step).await,
         };
-        if let Some(error) = stopped.or_else(held) {
+        if let Some(error) = ended {
             if let Some(report) = &drained {
                 cluster.record(StepEvent::Drained(report)).await;
             }
@@ -559,6 +557,14 @@ async fn apply(
 /// What a step says when [`RestartGate::held_by_cost`] holds it after its drain (the
 /// journal's message; the step's error begins with it).
 pub const HELD_AT_RESTART: &str = "held at the moment of the restart by its cost";
+
+/// [`RestartGate::held_by_cost`], counted and logged: the step's error if it is held.
+async fn held_at_restart(gate: &dyn RestartGate, step: &Step) -> Option<anyhow::Error> {
+    let refusal = gate.held_by_cost(step).await?;
+    METRICS.refused(refusal.kind);
+    tracing::warn!(kind = refusal.kind.as_str(), reason = %refusal.message, to = %step.to, "{HELD_AT_RESTART}");
+    Some(anyhow::anyhow!("{HELD_AT_RESTART} ({}): {}", refusal.kind.as_str(), refusal.message))
+}
 
 #[cfg(test)]
 mod tests {
@@ -618,7 +624,7 @@ mod tests {
         async fn members(&self) -> anyhow::Result<Vec<MemberState>> {
             Ok(vec![])
         }
-        fn held_by_cost(&self, _step: &Step) -> Option<Refusal> {
+        async fn held_by_cost(&self, _step: &Step) -> Option<Refusal> {
             // Logged only when set: the other tests' logs have no weighing in them.
             let held = self.held.clone()?;
             self.log.push("held by its cost");

@@ -237,19 +237,7 @@ pub fn read_live(state_file: &Path) -> Option<MemberView> {
 /// `earlier` is the scrape of the look before (for the interval's deltas).
 pub async fn look(url: &HealthUrl, timeout: Duration, earlier: Option<&Scrape>) -> (MemberView, Option<Scrape>) {
     let mut view = MemberView { pid: std::process::id(), url: url.to_string(), ..Default::default() };
-    let health = tokio::time::timeout(timeout, url.fetch("/health", 64 * 1024)).await;
-    (view.healthy, view.health) = match health {
-        Err(_) => {
-            (Some(false), format!("no answer within etcd.request_timeout = {}", crate::units::format_duration(timeout)))
-        }
-        Ok(Err(e)) => (None, format!("{e:#}")),
-        Ok(Ok((status, body))) => {
-            let body = String::from_utf8_lossy(&body);
-            let ok = status.split_whitespace().nth(1) == Some("200")
-                && body.replace(' ', "").contains("\"health\":\"true\"");
-            (Some(ok), if ok { "ok".into() } else { format!("{status}: {}", body.trim()) })
-        }
-    };
+    (view.healthy, view.health) = health(url, timeout).await;
     let scrape = match tokio::time::timeout(timeout, url.fetch(url.path(), MAX_BODY)).await {
         Err(_) => Err("no answer within etcd.request_timeout".to_string()),
         Ok(Err(e)) => Err(format!("{e:#}")),
@@ -271,6 +259,24 @@ pub async fn look(url: &HealthUrl, timeout: Duration, earlier: Option<&Scrape>) 
     view.leader_changes = delta(scrape.leader_changes, earlier.map(|e| e.leader_changes));
     view.has_leader = scrape.has_leader;
     (view, Some(scrape))
+}
+
+/// The member's `/health` at `url`'s host and port within `timeout`: `Some(false)` when
+/// it does not answer in time or answers not healthy, `None` when nothing is there to
+/// ask (not reachable), and what it said.
+pub async fn health(url: &HealthUrl, timeout: Duration) -> (Option<bool>, String) {
+    match tokio::time::timeout(timeout, url.fetch("/health", 64 * 1024)).await {
+        Err(_) => {
+            (Some(false), format!("no answer within etcd.request_timeout = {}", crate::units::format_duration(timeout)))
+        }
+        Ok(Err(e)) => (None, format!("{e:#}")),
+        Ok(Ok((status, body))) => {
+            let body = String::from_utf8_lossy(&body);
+            let ok = status.split_whitespace().nth(1) == Some("200")
+                && body.replace(' ', "").contains("\"health\":\"true\"");
+            (Some(ok), if ok { "ok".into() } else { format!("{status}: {}", body.trim()) })
+        }
+    }
 }
 
 /// Looks every `interval` for as long as `watch` runs, publishing each look to
@@ -311,7 +317,7 @@ pub async fn run(url: HealthUrl, interval: Duration, timeout: Duration, state_fi
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Lines as etcd 3.5/3.6 writes them, with others around them.
@@ -387,7 +393,7 @@ go_goroutines 120
 
     /// A stand-in listener answering `/health` and `/metrics` as etcd does, whose
     /// answers the test changes between looks.
-    async fn listener(health: &'static str, metrics: std::sync::Arc<Mutex<String>>) -> HealthUrl {
+    pub(crate) async fn listener(health: &'static str, metrics: std::sync::Arc<Mutex<String>>) -> HealthUrl {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();

@@ -42,7 +42,7 @@ pub trait RestartGate {
     /// restart (after its drain, which can take minutes): `Some` holds it at
     /// `control-plane`. Default: not weighed (a hand step is the operator's call);
     /// `watch` weighs (`crate::watch`'s `WeighingGate`).
-    fn held_by_cost(&self, _step: &crate::decide::Step) -> Option<Refusal> {
+    async fn held_by_cost(&self, _step: &crate::decide::Step) -> Option<Refusal> {
         None
     }
 }

@@ -487,6 +487,7 @@ impl<'a> Watcher<'a> {
             pressure: &self.cfg.pressure,
             cost: self.cfg.etcd.etcd_only_cost(),
             member: &self.member_signals,
+            health: self.cfg.etcd.metrics_url().and_then(Result::ok).map(|u| (u, self.cfg.etcd.request_timeout.0)),
         };
         let (a, c, e, l, k) = (actuator.as_mut(), cluster.as_ref(), &weighing, &self.cfg.levels, &self.keeper);
         let fut = async move {

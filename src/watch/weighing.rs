@@ -4,9 +4,12 @@
 //! (`levels.etcd-only.drain_timeout`), and what counts is the member the restart would
 //! meet.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::ticker::{held_refusal, Ticker};
+use crate::actuator::etcd_health::HealthUrl;
 use crate::cluster::Refusal;
 use crate::decide::{EtcdOnlyCost, MemberSignals, Step};
 use crate::etcd::restart::{Cleared, MemberState};
@@ -15,13 +18,16 @@ use crate::pressure::{PressureConfig, Sampler};
 
 /// `gate`, and [`RestartGate::held_by_cost`] answered from a fresh sample of what
 /// `[pressure]` names (the loop does not sample while a step runs) and the member's
-/// signals now (`member`: its last fresh look).
+/// signals: its last fresh look (`member`), its health asked again now (`health`,
+/// `etcd.metrics_url`'s `/health` within `etcd.request_timeout`; the last look may be
+/// an `etcd.metrics_interval` old).
 pub(super) struct WeighingGate<'a> {
     pub gate: &'a dyn RestartGate,
     pub ticker: &'a Ticker,
     pub pressure: &'a PressureConfig,
     pub cost: EtcdOnlyCost,
     pub member: &'a dyn Fn() -> MemberSignals,
+    pub health: Option<(HealthUrl, Duration)>,
 }
 
 impl WeighingGate<'_> {
@@ -52,11 +58,58 @@ impl RestartGate for WeighingGate<'_> {
     async fn learn_members(&self) -> anyhow::Result<()> {
         self.gate.learn_members().await
     }
-    fn held_by_cost(&self, step: &Step) -> Option<Refusal> {
+    async fn held_by_cost(&self, step: &Step) -> Option<Refusal> {
         if !self.cost.applies_to(step) {
             return None;
         }
         let freed = self.available_now().and_then(|a| self.ticker.freed_since(a));
-        held_refusal(&self.cost, step, freed, &(self.member)())
+        let mut member = (self.member)();
+        if let Some((url, timeout)) = &self.health {
+            let (healthy, said) = crate::etcd::member::health(url, *timeout).await;
+            tracing::debug!(healthy = ?healthy, "the local etcd member's /health before the restart: {said}");
+            member.healthy = healthy;
+        }
+        held_refusal(&self.cost, step, freed, &member)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::decide::Direction;
+    use crate::level::Level;
+
+    /// The member's last look says healthy; its `/health` asked at the restart says
+    /// not: held (the drain freed nothing, not known here). Answering healthy: go on.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_members_health_is_asked_again_at_the_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+            .unwrap();
+        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap();
+        let cfg = Config::parse(&format!("[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n")).unwrap();
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::ControlPlane, super::super::Mode::DryRun);
+        let into_etcd_only = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
+        let looked_well = || MemberSignals { healthy: Some(true), ..Default::default() };
+        let metrics = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let gate = async |health: &'static str| {
+            let url = crate::etcd::member::tests::listener(health, metrics.clone()).await;
+            WeighingGate {
+                gate: &crate::etcd::NoRestartGate,
+                ticker: &ticker,
+                pressure: &cfg.pressure,
+                cost: cfg.etcd.etcd_only_cost(),
+                member: &looked_well,
+                health: Some((url, Duration::from_secs(2))),
+            }
+            .held_by_cost(&into_etcd_only)
+            .await
+        };
+        let held = gate("{\"health\":\"false\",\"reason\":\"RAFT NO LEADER\"}").await.expect("held");
+        assert!(held.message.contains("not healthy"), "{}", held.message);
+        assert!(gate("{\"health\":\"true\",\"reason\":\"\"}").await.is_none(), "healthy now: go on");
     }
 }
