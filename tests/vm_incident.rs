@@ -390,6 +390,8 @@ struct Row {
     onset_to_relief: String,
     psi_guest: String,
     psi_k3s: String,
+    /// k3s.service's PSI peaks while server1's member was unhealthy.
+    psi_k3s_unhealthy: String,
     psi_pods: String,
     mem: String,
     steps: String,
@@ -794,8 +796,29 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
             peak(&|s| Some(s.psi_full)),
             t_end - t0
         );
-        row.psi_k3s =
-            format!("peak some {:.1} %, full {:.1} %", peak(&|s| s.k3s.map(|c| c.0)), peak(&|s| s.k3s.map(|c| c.1)));
+        row.psi_k3s = format!(
+            "memory peak some {:.1} %, full {:.1} %; io {:.1} / {:.1} %; cpu {:.1} / {:.1} %",
+            peak(&|s| s.k3s.map(|c| c.0)),
+            peak(&|s| s.k3s.map(|c| c.1)),
+            peak(&|s| s.k3s_io.map(|c| c.0)),
+            peak(&|s| s.k3s_io.map(|c| c.1)),
+            peak(&|s| s.k3s_cpu.map(|c| c.0)),
+            peak(&|s| s.k3s_cpu.map(|c| c.1)),
+        );
+        // What k3s waited on while its member did not answer: the peaks of its PSI
+        // (avg10, so a stretch's own stalls show up to 10 s late) within the stretches.
+        let in_stretch = |s: &GuestSample| etcd1.stretches.iter().any(|(t, d)| s.host_t >= *t && s.host_t <= t + d);
+        let peak_in = |f: &dyn Fn(&GuestSample) -> Option<f64>| {
+            samples.iter().filter(|s| in_stretch(s)).filter_map(f).fold(0.0, f64::max)
+        };
+        if !etcd1.stretches.is_empty() {
+            row.psi_k3s_unhealthy = format!(
+                "some: memory {:.1} %, io {:.1} %, cpu {:.1} %",
+                peak_in(&|s| s.k3s.map(|c| c.0)),
+                peak_in(&|s| s.k3s_io.map(|c| c.0)),
+                peak_in(&|s| s.k3s_cpu.map(|c| c.0)),
+            );
+        }
         row.psi_pods =
             format!("peak some {:.1} %, full {:.1} %", peak(&|s| s.pods.map(|c| c.0)), peak(&|s| s.pods.map(|c| c.1)));
         let min_avail = samples.iter().map(|s| s.avail_kb).min().unwrap_or(0) >> 10;
@@ -1031,7 +1054,7 @@ fn print_table(rows: &[Row], g: &Guest) {
         "\n== the incident on a host of its own: server1 a qemu guest ({} MiB, cgroup v2, its own kernel and OOM killer); PSI is the guest's ==",
         guest::GUEST_MIB
     );
-    let fields: [Field; 17] = [
+    let fields: [Field; 18] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
         ("its member after the restart into etcd-only", |r| r.member_after_restart.clone()),
@@ -1043,6 +1066,7 @@ fn print_table(rows: &[Row], g: &Guest) {
         ("onset → relief (guest PSI some avg10 ≥ 40 → < 40)", |r| r.onset_to_relief.clone()),
         ("PSI of the guest (/proc/pressure/memory)", |r| r.psi_guest.clone()),
         ("PSI of k3s.service's cgroup", |r| r.psi_k3s.clone()),
+        ("k3s.service's PSI while its member was unhealthy", |r| r.psi_k3s_unhealthy.clone()),
         ("PSI of the pods' cgroup (kubepods.slice)", |r| r.psi_pods.clone()),
         ("memory", |r| r.mem.clone()),
         ("regrade's decisions", |r| r.steps.clone()),

@@ -65,6 +65,9 @@ pub struct GuestSample {
     /// memory.current (kB); `None` where the cgroup was not there.
     pub k3s: Option<(f64, f64, u64)>,
     pub pods: Option<(f64, f64, u64)>,
+    /// k3s.service's io.pressure and cpu.pressure some/full avg10.
+    pub k3s_io: Option<(f64, f64)>,
+    pub k3s_cpu: Option<(f64, f64)>,
     pub etcd_healthy: bool,
 }
 
@@ -85,6 +88,14 @@ impl GuestSample {
                 "avail" => s.avail_kb = v.parse().ok()?,
                 "k3s" => s.k3s = cg(v),
                 "pods" => s.pods = cg(v),
+                "k3sio" | "k3scpu" => {
+                    let pair = v.split_once('/').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+                    if k == "k3sio" {
+                        s.k3s_io = pair;
+                    } else {
+                        s.k3s_cpu = pair;
+                    }
+                }
                 "etcd" => s.etcd_healthy = v == "1",
                 _ => {}
             }
@@ -611,4 +622,16 @@ fn base64_round_trips() {
         assert_eq!(base64_decode(&base64_encode(s.as_bytes())), s.as_bytes(), "{s:?}");
     }
     assert_eq!(base64_encode(b"hello"), "aGVsbG8=");
+}
+
+/// The sampler's line (tests/vm/guest/sampler.py), a cgroup not there reading "-".
+#[test]
+fn a_sample_line_reads_k3s_memory_io_and_cpu_pressure() {
+    let line =
+        "S t=2.5 psi=40.00 full=10.00 avail=1000 k3s=1.50/0.50/2048 pods=-/-/- k3sio=3.00/1.00 k3scpu=-/- etcd=1";
+    let s = GuestSample::parse(1.0, line).unwrap();
+    assert_eq!(
+        (s.psi, s.k3s, s.pods, s.k3s_io, s.k3s_cpu, s.etcd_healthy),
+        (40.0, Some((1.5, 0.5, 2048)), None, Some((3.0, 1.0)), None, true)
+    );
 }

@@ -1,10 +1,12 @@
 # TEST CODE (tests/vm/guest/vm-sampler.service): once a second, one line to the host
 # over the virtio-serial port given as argv[1]:
 #   S t=<guest unix time> psi=<some avg10> full=<full avg10> avail=<MemAvailable kB>
-#     k3s=<some>/<full>/<memory.current kB> pods=<some>/<full>/<memory.current kB> etcd=<1|0>
+#     k3s=<some>/<full>/<memory.current kB> pods=<some>/<full>/<memory.current kB>
+#     k3sio=<some>/<full> k3scpu=<some>/<full> etcd=<1|0>
 # PSI from /proc/pressure/memory (the guest's), k3s.service's and kubepods.slice's
-# memory.pressure (cgroup v2); etcd: server1's /health on 127.0.0.1:2381 answered
-# "true" within 0.8 s. A cgroup not there (yet) reads "-".
+# memory.pressure (cgroup v2), and k3s.service's io.pressure and cpu.pressure (what
+# its member waits on besides memory); etcd: server1's /health on 127.0.0.1:2381
+# answered "true" within 0.8 s. A cgroup not there (yet) reads "-".
 # Beside it, server1's etcd member for tests/incident/member.rs: every 250 ms
 #   H t=<guest unix time> ok=<1|0>       its /health answered "true" within 0.8 s
 # and every 2 s its metrics listener's histograms and counters the table uses:
@@ -80,7 +82,9 @@ threading.Thread(target=member, daemon=True).start()
 while True:
     t0 = time.time()
     s, f = avg10("/proc/pressure/memory")
-    line = "S t=%.3f psi=%s full=%s avail=%s k3s=%s pods=%s etcd=%s" % (
-        t0, s, f, avail_kb(), cgroup("system.slice/k3s.service"), cgroup("kubepods.slice"), etcd())
+    k3s = "system.slice/k3s.service"
+    line = "S t=%.3f psi=%s full=%s avail=%s k3s=%s pods=%s k3sio=%s/%s k3scpu=%s/%s etcd=%s" % (
+        t0, s, f, avail_kb(), cgroup(k3s), cgroup("kubepods.slice"), *avg10(CG + k3s + "/io.pressure"),
+        *avg10(CG + k3s + "/cpu.pressure"), etcd())
     say(line)
     time.sleep(max(0.05, t0 + 1.0 - time.time()))
