@@ -834,6 +834,24 @@ mod tests {
         (backend, shared)
     }
 
+    /// A server under pressure: PSI 90 %, 100 MiB available (the file returned, to
+    /// change), a 512 MiB floor, one second's sustain; no etcd metrics listener.
+    fn pressed(dir: &std::path::Path) -> (Config, Sampler, std::path::PathBuf) {
+        let (psi, mem) = (dir.join("psi"), dir.join("meminfo"));
+        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
+            .unwrap();
+        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap(); // 100 MiB
+        let cfg = Config::parse(&format!(
+            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
+             mem_available_floor = \"512MiB\"\nsustain = \"1s\"\nsample_period = \"1s\"\n[etcd]\nmetrics_url = \"\"\n",
+            dir.join("state.json"),
+            dir.join("level.json"),
+        ))
+        .unwrap();
+        let sampler = Sampler::open(&psi, &mem).unwrap();
+        (cfg, sampler, mem)
+    }
+
     /// The step into etcd-only weighs its cost: after a drain into control-plane that
     /// freed nothing, with the local member unhealthy, it is refused as `etcd-only-held`
     /// naming why; with the member well, or once the drain's effect shows (available
@@ -843,18 +861,7 @@ mod tests {
     #[test]
     fn the_step_into_etcd_only_is_held_while_the_drain_freed_nothing_and_the_member_is_unhealthy() {
         let dir = tempfile::tempdir().unwrap();
-        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
-        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
-            .unwrap();
-        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap(); // 100 MiB
-        let cfg = Config::parse(&format!(
-            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
-             mem_available_floor = \"512MiB\"\nsustain = \"1s\"\nsample_period = \"1s\"\n[etcd]\nmetrics_url = \"\"\n",
-            dir.path().join("state.json"),
-            dir.path().join("level.json"),
-        ))
-        .unwrap();
-        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let (cfg, sampler, mem) = pressed(dir.path());
         let (backend, level) = backend_with(Level::Full, FakeCluster::default());
         let into_etcd_only =
             Step { direction: crate::decide::Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
@@ -891,18 +898,7 @@ mod tests {
     #[test]
     fn the_step_into_etcd_only_is_weighed_again_after_its_drain() {
         let dir = tempfile::tempdir().unwrap();
-        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
-        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
-            .unwrap();
-        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap(); // 100 MiB
-        let cfg = Config::parse(&format!(
-            "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
-             mem_available_floor = \"512MiB\"\nsustain = \"1s\"\nsample_period = \"1s\"\n[etcd]\nmetrics_url = \"\"\n",
-            dir.path().join("state.json"),
-            dir.path().join("level.json"),
-        ))
-        .unwrap();
-        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let (cfg, sampler, mem) = pressed(dir.path());
         let log = crate::testing::Log::default();
         let cluster = FakeCluster { drained: Some(Default::default()), ..FakeCluster::logging_to(&log) };
         let (backend, level) = backend_with(Level::Full, cluster);
