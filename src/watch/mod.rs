@@ -836,7 +836,7 @@ mod tests {
 
     /// A server under pressure: PSI 90 %, 100 MiB available (the file returned, to
     /// change), a 512 MiB floor, one second's sustain; no etcd metrics listener.
-    fn pressed(dir: &std::path::Path) -> (Config, Sampler, std::path::PathBuf) {
+    pub(super) fn pressed(dir: &std::path::Path) -> (Config, Sampler, std::path::PathBuf) {
         let (psi, mem) = (dir.join("psi"), dir.join("meminfo"));
         std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
             .unwrap();

@@ -76,7 +76,6 @@ impl RestartGate for WeighingGate<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::decide::Direction;
     use crate::level::Level;
 
@@ -85,12 +84,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn the_members_health_is_asked_again_at_the_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
-        std::fs::write(&psi, "some avg10=90 avg60=90 avg300=90 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n")
-            .unwrap();
-        std::fs::write(&mem, "MemAvailable: 102400 kB\n").unwrap();
-        let cfg = Config::parse(&format!("[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n")).unwrap();
-        let sampler = Sampler::open(&psi, &mem).unwrap();
+        let (cfg, sampler, _) = super::super::tests::pressed(dir.path());
         let ticker = Ticker::new(&cfg, sampler, Level::ALL.to_vec(), Level::ControlPlane, super::super::Mode::DryRun);
         let into_etcd_only = Step { direction: Direction::Down, from: Level::ControlPlane, to: Level::EtcdOnly };
         let looked_well = || MemberSignals { healthy: Some(true), ..Default::default() };
