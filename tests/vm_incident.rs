@@ -300,6 +300,7 @@ fn vm_incident() {
     if !common::gate_open(GATE, "vm_incident", "root; boots a qemu guest (server1) and two systemd-nspawn containers") {
         return;
     }
+    let arms = arms_to_run(); // an unknown name fails before the boot
     let t_start = Instant::now();
     let lock = lane::take_lock();
     let bin = common::built("tests/rig/build.sh");
@@ -335,7 +336,7 @@ fn vm_incident() {
         .sh("uname -r; stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers; readlink /proc/1/exe", LONG);
     phase(&format!("guest: kernel {}", kernel.split_whitespace().collect::<Vec<_>>().join(", ")));
 
-    let rows = common::block_on(scenario(&guest, &peers, &bin, &certs, tmp.path(), t_start));
+    let rows = common::block_on(scenario(&guest, &peers, &bin, &certs, tmp.path(), t_start, arms));
     print_table(&rows, &guest);
     println!(
         "[done] whole run in {:.1}s; qemu's peak host memory {} MiB",
@@ -392,6 +393,8 @@ struct Row {
     psi_k3s: String,
     /// k3s.service's PSI peaks while server1's member was unhealthy.
     psi_k3s_unhealthy: String,
+    /// Who used the guest's CPUs, over the arm and while its member was unhealthy.
+    cpu_used: String,
     psi_pods: String,
     mem: String,
     steps: String,
@@ -513,7 +516,15 @@ async fn cpu_calm(g: &Guest) -> String {
     }
 }
 
-async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Path, t_start: Instant) -> Vec<Row> {
+async fn scenario(
+    g: &Guest,
+    peers: &[Peer],
+    bin: &Path,
+    certs: &Path,
+    work: &Path,
+    t_start: Instant,
+    arms: Vec<String>,
+) -> Vec<Row> {
     let phase = |name: &str| println!("[{:>6.1}s] {name}", t_start.elapsed().as_secs_f64());
     let admin_kc = certs.join("admin.kubeconfig");
     let a2 = client(&admin_kc, 2).await;
@@ -545,7 +556,7 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
     ));
 
     let mut rows: Vec<Row> = Vec::new();
-    for arm in arms_to_run() {
+    for arm in arms {
         let (arm, tool) = (arm.as_str(), tool(&arm));
         let recovery = same_start(g, &a2, peers, member, arm).await;
         if let Some(prev) = rows.last_mut() {
@@ -596,6 +607,24 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 "regrade check-config says: {}",
                 reads.lines().map(str::trim).collect::<Vec<_>>().join("; ")
             ));
+            // What `status` says of the static protections here, on a real cgroup v2 host.
+            let status: Value = serde_json::from_str(&g.sh("regrade status --json", LONG))
+                .unwrap_or_else(|e| panic!("regrade status --json in the guest: {e}"));
+            let said: Vec<String> = status["protections"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|f| format!("{}: {} ({})", f["protection"], f["state"], f["words"]).replace('"', ""))
+                .collect();
+            phase(&format!("regrade status says of the protections: {}", said.join("; ")));
+            for (protection, lever) in [("memory protection", "memory-low"), ("OOM score", "oom-score")] {
+                let off = protections_off(arm).unwrap_or_default().contains(&lever);
+                let state = if off { "missing" } else { "in place" };
+                assert!(
+                    said.iter().any(|f| f.starts_with(&format!("{protection}: {state} "))),
+                    "regrade status should say {protection} {state} here: {said:?}"
+                );
+            }
         }
         if tool == "earlyoom" {
             phase(&format!(
@@ -819,6 +848,11 @@ async fn scenario(g: &Guest, peers: &[Peer], bin: &Path, certs: &Path, work: &Pa
                 peak_in(&|s| s.k3s_cpu.map(|c| c.0)),
             );
         }
+        row.cpu_used = format!(
+            "the arm: {}; while its member was unhealthy: {}",
+            cpu_shares(samples.iter()),
+            cpu_shares(samples.iter().filter(|s| in_stretch(s)))
+        );
         row.psi_pods =
             format!("peak some {:.1} %, full {:.1} %", peak(&|s| s.pods.map(|c| c.0)), peak(&|s| s.pods.map(|c| c.1)));
         let min_avail = samples.iter().map(|s| s.avail_kb).min().unwrap_or(0) >> 10;
@@ -1047,6 +1081,34 @@ fn console_text(lines: &[(f64, String)]) -> String {
 
 type Field = (&'static str, fn(&Row) -> String);
 
+/// The mean share of the guest's CPUs k3s.service (split between the k3s process, etcd
+/// embedded, and its kube-apiserver), the pods and the rest (kernel threads such as
+/// kswapd, the other units, interrupts) used over these samples, and how much was
+/// idle: what k3s competed with while it waited for a CPU.
+fn cpu_shares<'a>(samples: impl Iterator<Item = &'a GuestSample>) -> String {
+    // k3s, pods, everything, the k3s process, its kube-apiserver.
+    let used: Vec<[f64; 5]> = samples
+        .filter_map(|s| {
+            let ((k3s, pods, busy), (own, api)) = (s.cpu_used?, s.k3s_procs.unwrap_or_default());
+            Some([k3s, pods, busy, own, api])
+        })
+        .collect();
+    if used.is_empty() {
+        return "-".into();
+    }
+    let mean = |i: usize| used.iter().map(|u| u[i]).sum::<f64>() / used.len() as f64;
+    let (k3s, pods, busy) = (mean(0), mean(1), mean(2));
+    format!(
+        "k3s {k3s:.1} % (its process, etcd in it, {:.1} %, kube-apiserver {:.1} %), pods {pods:.1} %, the rest {:.1} %, \
+         idle or waiting for I/O {:.1} % ({} s)",
+        mean(3),
+        mean(4),
+        (busy - k3s - pods).max(0.0),
+        (100.0 - busy).max(0.0),
+        used.len()
+    )
+}
+
 fn print_table(rows: &[Row], g: &Guest) {
     let mut out = String::new();
     let _ = writeln!(
@@ -1054,7 +1116,7 @@ fn print_table(rows: &[Row], g: &Guest) {
         "\n== the incident on a host of its own: server1 a qemu guest ({} MiB, cgroup v2, its own kernel and OOM killer); PSI is the guest's ==",
         guest::GUEST_MIB
     );
-    let fields: [Field; 18] = [
+    let fields: [Field; 19] = [
         ("server1's etcd member", |r| r.member.clone()),
         ("server1's member through the arm", |r| r.member_distress.clone()),
         ("its member after the restart into etcd-only", |r| r.member_after_restart.clone()),
@@ -1067,6 +1129,7 @@ fn print_table(rows: &[Row], g: &Guest) {
         ("PSI of the guest (/proc/pressure/memory)", |r| r.psi_guest.clone()),
         ("PSI of k3s.service's cgroup", |r| r.psi_k3s.clone()),
         ("k3s.service's PSI while its member was unhealthy", |r| r.psi_k3s_unhealthy.clone()),
+        ("CPU used, share of the guest's CPUs (mean)", |r| r.cpu_used.clone()),
         ("PSI of the pods' cgroup (kubepods.slice)", |r| r.psi_pods.clone()),
         ("memory", |r| r.mem.clone()),
         ("regrade's decisions", |r| r.steps.clone()),

@@ -68,6 +68,13 @@ pub struct GuestSample {
     /// k3s.service's io.pressure and cpu.pressure some/full avg10.
     pub k3s_io: Option<(f64, f64)>,
     pub k3s_cpu: Option<(f64, f64)>,
+    /// The share of all the guest's CPUs (%) used since the line before by k3s.service,
+    /// by kubepods.slice, and by everything (kernel threads and interrupts included);
+    /// `None` on the first line, or where a cgroup was not there.
+    pub cpu_used: Option<(f64, f64, f64)>,
+    /// k3s.service's share split between the k3s process (etcd embedded) and its
+    /// kube-apiserver, in the same unit.
+    pub k3s_procs: Option<(f64, f64)>,
     pub etcd_healthy: bool,
 }
 
@@ -77,23 +84,21 @@ impl GuestSample {
         let mut s = GuestSample { host_t, ..Default::default() };
         for kv in rest.split_whitespace() {
             let (k, v) = kv.split_once('=')?;
-            let cg = |v: &str| {
-                let mut it = v.split('/');
-                Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-            };
+
             match k {
                 "t" => s.guest_t = v.parse().ok()?,
                 "psi" => s.psi = v.parse().ok()?,
                 "full" => s.psi_full = v.parse().ok()?,
                 "avail" => s.avail_kb = v.parse().ok()?,
-                "k3s" => s.k3s = cg(v),
-                "pods" => s.pods = cg(v),
-                "k3sio" | "k3scpu" => {
+                "k3s" => s.k3s = three(v),
+                "pods" => s.pods = three(v),
+                "cpu" => s.cpu_used = three(v),
+                "k3sio" | "k3scpu" | "procs" => {
                     let pair = v.split_once('/').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-                    if k == "k3sio" {
-                        s.k3s_io = pair;
-                    } else {
-                        s.k3s_cpu = pair;
+                    match k {
+                        "k3sio" => s.k3s_io = pair,
+                        "k3scpu" => s.k3s_cpu = pair,
+                        _ => s.k3s_procs = pair,
                     }
                 }
                 "etcd" => s.etcd_healthy = v == "1",
@@ -102,6 +107,12 @@ impl GuestSample {
         }
         Some(s)
     }
+}
+
+/// `a/b/c`, each parsed; `None` if any is not (a cgroup not there reads `-`).
+fn three<A: std::str::FromStr, B: std::str::FromStr, C: std::str::FromStr>(v: &str) -> Option<(A, B, C)> {
+    let mut it = v.split('/');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// Lines that arrived on a channel, and a condition variable for waiters.
@@ -626,12 +637,14 @@ fn base64_round_trips() {
 
 /// The sampler's line (tests/vm/guest/sampler.py), a cgroup not there reading "-".
 #[test]
-fn a_sample_line_reads_k3s_memory_io_and_cpu_pressure() {
+fn a_sample_line_reads_k3s_memory_io_and_cpu_pressure_and_cpu_use() {
     let line =
-        "S t=2.5 psi=40.00 full=10.00 avail=1000 k3s=1.50/0.50/2048 pods=-/-/- k3sio=3.00/1.00 k3scpu=-/- etcd=1";
+        "S t=2.5 psi=40.00 full=10.00 avail=1000 k3s=1.50/0.50/2048 pods=-/-/- k3sio=3.00/1.00 k3scpu=-/- cpu=45.0/30.5/99.0 procs=40.0/5.0 etcd=1";
     let s = GuestSample::parse(1.0, line).unwrap();
     assert_eq!(
-        (s.psi, s.k3s, s.pods, s.k3s_io, s.k3s_cpu, s.etcd_healthy),
-        (40.0, Some((1.5, 0.5, 2048)), None, Some((3.0, 1.0)), None, true)
+        (s.psi, s.k3s, s.pods, s.k3s_io, s.k3s_cpu, s.cpu_used, s.k3s_procs, s.etcd_healthy),
+        (40.0, Some((1.5, 0.5, 2048)), None, Some((3.0, 1.0)), None, Some((45.0, 30.5, 99.0)), Some((40.0, 5.0)), true)
     );
+    let first = GuestSample::parse(1.0, "S t=1 cpu=-/-/- procs=-/- etcd=0").unwrap();
+    assert_eq!((first.cpu_used, first.k3s_procs), (None, None));
 }
