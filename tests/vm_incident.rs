@@ -1082,15 +1082,15 @@ fn console_text(lines: &[(f64, String)]) -> String {
 type Field = (&'static str, fn(&Row) -> String);
 
 /// The mean share of the guest's CPUs k3s.service (split between the k3s process, etcd
-/// embedded, and its kube-apiserver), the pods and the rest (kernel threads such as
-/// kswapd, the other units, interrupts) used over these samples, and how much was
-/// idle: what k3s competed with while it waited for a CPU.
+/// embedded, and its kube-apiserver), the pods and the rest (kernel threads, kswapd's
+/// reclaim said apart; the other units; interrupts) used over these samples, and how
+/// much was idle: what k3s competed with while it waited for a CPU.
 fn cpu_shares<'a>(samples: impl Iterator<Item = &'a GuestSample>) -> String {
-    // k3s, pods, everything, the k3s process, its kube-apiserver.
-    let used: Vec<[f64; 5]> = samples
+    // k3s, pods, everything, the k3s process, its kube-apiserver, kswapd.
+    let used: Vec<[f64; 6]> = samples
         .filter_map(|s| {
-            let ((k3s, pods, busy), (own, api)) = (s.cpu_used?, s.k3s_procs.unwrap_or_default());
-            Some([k3s, pods, busy, own, api])
+            let ((k3s, pods, busy), (own, api, kswapd)) = (s.cpu_used?, s.procs.unwrap_or_default());
+            Some([k3s, pods, busy, own, api, kswapd])
         })
         .collect();
     if used.is_empty() {
@@ -1099,11 +1099,12 @@ fn cpu_shares<'a>(samples: impl Iterator<Item = &'a GuestSample>) -> String {
     let mean = |i: usize| used.iter().map(|u| u[i]).sum::<f64>() / used.len() as f64;
     let (k3s, pods, busy) = (mean(0), mean(1), mean(2));
     format!(
-        "k3s {k3s:.1} % (its process, etcd in it, {:.1} %, kube-apiserver {:.1} %), pods {pods:.1} %, the rest {:.1} %, \
-         idle or waiting for I/O {:.1} % ({} s)",
+        "k3s {k3s:.1} % (its process, etcd in it, {:.1} %, kube-apiserver {:.1} %), pods {pods:.1} %, the rest {:.1} % \
+         (kswapd {:.1} %), idle or waiting for I/O {:.1} % ({} s)",
         mean(3),
         mean(4),
         (busy - k3s - pods).max(0.0),
+        mean(5),
         (100.0 - busy).max(0.0),
         used.len()
     )

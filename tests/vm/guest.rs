@@ -73,8 +73,8 @@ pub struct GuestSample {
     /// `None` on the first line, or where a cgroup was not there.
     pub cpu_used: Option<(f64, f64, f64)>,
     /// k3s.service's share split between the k3s process (etcd embedded) and its
-    /// kube-apiserver, in the same unit.
-    pub k3s_procs: Option<(f64, f64)>,
+    /// kube-apiserver, and the kernel's kswapd threads' share, in the same unit.
+    pub procs: Option<(f64, f64, f64)>,
     pub etcd_healthy: bool,
 }
 
@@ -93,12 +93,13 @@ impl GuestSample {
                 "k3s" => s.k3s = three(v),
                 "pods" => s.pods = three(v),
                 "cpu" => s.cpu_used = three(v),
-                "k3sio" | "k3scpu" | "procs" => {
+                "procs" => s.procs = three(v),
+                "k3sio" | "k3scpu" => {
                     let pair = v.split_once('/').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
-                    match k {
-                        "k3sio" => s.k3s_io = pair,
-                        "k3scpu" => s.k3s_cpu = pair,
-                        _ => s.k3s_procs = pair,
+                    if k == "k3sio" {
+                        s.k3s_io = pair;
+                    } else {
+                        s.k3s_cpu = pair;
                     }
                 }
                 "etcd" => s.etcd_healthy = v == "1",
@@ -639,12 +640,21 @@ fn base64_round_trips() {
 #[test]
 fn a_sample_line_reads_k3s_memory_io_and_cpu_pressure_and_cpu_use() {
     let line =
-        "S t=2.5 psi=40.00 full=10.00 avail=1000 k3s=1.50/0.50/2048 pods=-/-/- k3sio=3.00/1.00 k3scpu=-/- cpu=45.0/30.5/99.0 procs=40.0/5.0 etcd=1";
+        "S t=2.5 psi=40.00 full=10.00 avail=1000 k3s=1.50/0.50/2048 pods=-/-/- k3sio=3.00/1.00 k3scpu=-/- cpu=45.0/30.5/99.0 procs=40.0/5.0/12.5 etcd=1";
     let s = GuestSample::parse(1.0, line).unwrap();
     assert_eq!(
-        (s.psi, s.k3s, s.pods, s.k3s_io, s.k3s_cpu, s.cpu_used, s.k3s_procs, s.etcd_healthy),
-        (40.0, Some((1.5, 0.5, 2048)), None, Some((3.0, 1.0)), None, Some((45.0, 30.5, 99.0)), Some((40.0, 5.0)), true)
+        (s.psi, s.k3s, s.pods, s.k3s_io, s.k3s_cpu, s.cpu_used, s.procs, s.etcd_healthy),
+        (
+            40.0,
+            Some((1.5, 0.5, 2048)),
+            None,
+            Some((3.0, 1.0)),
+            None,
+            Some((45.0, 30.5, 99.0)),
+            Some((40.0, 5.0, 12.5)),
+            true
+        )
     );
-    let first = GuestSample::parse(1.0, "S t=1 cpu=-/-/- procs=-/- etcd=0").unwrap();
-    assert_eq!((first.cpu_used, first.k3s_procs), (None, None));
+    let first = GuestSample::parse(1.0, "S t=1 cpu=-/-/- procs=-/-/- etcd=0").unwrap();
+    assert_eq!((first.cpu_used, first.procs), (None, None));
 }

@@ -3,14 +3,15 @@
 #   S t=<guest unix time> psi=<some avg10> full=<full avg10> avail=<MemAvailable kB>
 #     k3s=<some>/<full>/<memory.current kB> pods=<some>/<full>/<memory.current kB>
 #     k3sio=<some>/<full> k3scpu=<some>/<full> cpu=<k3s>/<pods>/<busy>
-#     procs=<k3s>/<apiserver> etcd=<1|0>
+#     procs=<k3s>/<apiserver>/<kswapd> etcd=<1|0>
 # PSI from /proc/pressure/memory (the guest's), k3s.service's and kubepods.slice's
 # memory.pressure (cgroup v2), and k3s.service's io.pressure and cpu.pressure (what
 # its member waits on besides memory); cpu: the share of all the guest's CPUs, in %,
 # used since the last line by k3s.service and kubepods.slice (their cpu.stat
 # usage_usec) and by everything (/proc/stat less idle and iowait: kswapd, the other
 # units, interrupts too), "-" on the first line; procs: the same shares split within
-# k3s.service between the k3s process (etcd embedded) and its kube-apiserver; etcd: server1's /health on 127.0.0.1:2381
+# k3s.service between the k3s process (etcd embedded) and its kube-apiserver, and the
+# kernel's kswapd threads' (the host's own reclaim, in no unit); etcd: server1's /health on 127.0.0.1:2381
 # answered "true" within 0.8 s. A cgroup not there (yet) reads "-".
 # Beside it, server1's etcd member for tests/incident/member.rs: every 250 ms
 #   H t=<guest unix time> ok=<1|0>       its /health answered "true" within 0.8 s
@@ -74,16 +75,29 @@ def busy_total_usec():
     # user nice system idle iowait irq softirq steal
     return (sum(ticks) - ticks[3] - ticks[4]) * 1e6 / hz, sum(ticks) * 1e6 / hz
 
+def kswapd_pids():
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().startswith("kswapd"):
+                    pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+KSWAPD = kswapd_pids()
+
 def procs_usec(cgroup):
-    """{pid: (comm, utime+stime in usec)} of the cgroup's processes."""
-    out = {}
+    """{pid: (comm, utime+stime in usec)} of the cgroup's processes and of kswapd."""
     try:
         with open(CG + cgroup + "/cgroup.procs") as f:
             pids = f.read().split()
     except OSError:
-        return out
+        pids = []
+    out = {}
     hz = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
+    for pid in pids + KSWAPD:
         try:
             with open("/proc/%s/stat" % pid) as f:
                 stat = f.read()
@@ -101,16 +115,17 @@ class CpuShares:
         now = (usage_usec(k3s), usage_usec("kubepods.slice"), *busy_total_usec(), procs_usec(k3s))
         last, self.last = self.last, now
         if last is None or now[3] <= last[3]:
-            return "-/-/- procs=-/-"
+            return "-/-/- procs=-/-/-"
         total = now[3] - last[3]
         share = lambda a, b: "-" if a is None or b is None else "%.1f" % (100.0 * (a - b) / total)
         # Only processes there at both readings: a new one's whole past is not this second's.
-        by = {"apiserver": 0.0, "k3s": 0.0}
+        by = {"apiserver": 0.0, "k3s": 0.0, "kswapd": 0.0}
         for pid, (comm, used) in now[4].items():
             if pid in last[4]:
-                by["apiserver" if comm.startswith("kube-apiserver") else "k3s"] += used - last[4][pid][1]
-        return "%s/%s/%s procs=%.1f/%.1f" % (share(now[0], last[0]), share(now[1], last[1]), share(now[2], last[2]),
-                                             100.0 * by["k3s"] / total, 100.0 * by["apiserver"] / total)
+                who = "kswapd" if pid in KSWAPD else "apiserver" if comm.startswith("kube-apiserver") else "k3s"
+                by[who] += used - last[4][pid][1]
+        return "%s/%s/%s procs=%s" % (share(now[0], last[0]), share(now[1], last[1]), share(now[2], last[2]),
+                                      "/".join("%.1f" % (100.0 * by[w] / total) for w in ("k3s", "apiserver", "kswapd")))
 
 try:
     out = open(sys.argv[1], "w", buffering=1)
