@@ -323,16 +323,19 @@ in {
       };
       systemReservedMemory = lib.mkOption {
         type = lib.types.nullOr lib.types.str;
-        default = "512Mi";
+        default = "768Mi";
         description = ''
           The kubelet's `system-reserved` memory, through a k3s config drop-in
           (`<config>.d/40-regrade-reserved.yaml`, `kubelet-arg+`). k3s reserves nothing,
           so /kubepods may take all of RAM; with this the kubelet caps it at RAM less this
-          (enforce-node-allocatable=pods, the default) and schedules against that. Sized
-          as `memoryLow`. Measured: the one protection that shortened how long the etcd
-          member is away under a thrash (docs/incident.md, docs/incident-vm.md); on a
-          2 GiB host 512Mi was too little: size it to what the kernel, k3s at full and
-          the system take. Cost: this much less allocatable memory for pods on the server.
+          (enforce-node-allocatable=pods, the default) and schedules against that.
+          Measured: the one protection that shortened how long the etcd member is away
+          under a thrash (docs/incident.md, docs/incident-vm.md). Sized on a 2 GiB host,
+          where the kernel, k3s and the system took about 510 MiB outside the pods' cap:
+          512Mi left the kernel in global reclaim (member away 15-40 s of a 9-minute
+          thrash), 768Mi did not (1.4 and 1.9 s). A bigger host or a fuller k3s needs
+          more: what is outside /kubepods at its busiest, plus 256 MiB. Cost: this much
+          less allocatable memory for pods on the server.
           k3s reads it at its next start (no restart at the switch). `null`: not set.
         '';
       };

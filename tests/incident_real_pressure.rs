@@ -153,7 +153,8 @@ fn arms_to_run() -> Vec<&'static str> {
 /// `REGRADE_INCIDENT_RESERVED=1`: the pods capped by the kubelet's system-reserved
 /// memory packaging/ ships, as the kubelet enforces it (the pods' cgroup at the node's
 /// memory less the reservation): server1's `workload` cgroup at [`LIMIT_MIB`] less
-/// 512 MiB, for every arm of the run. The kubelet stand-in does not read k3s's config.
+/// it (768 MiB since 2026-12-07; the runs in docs/incident.md had 512), for every arm
+/// of the run. The kubelet stand-in does not read k3s's config.
 const RESERVED_ENV: &str = "REGRADE_INCIDENT_RESERVED";
 
 /// server1's memory cgroup (v1), with the child `workload` the stand-in puts pods'

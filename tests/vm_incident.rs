@@ -1185,5 +1185,5 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
     );
     assert_eq!(reserved("held-reserved-no-hold"), (HELD, true));
     assert_eq!(reserved("held-without-oom-score"), ("held-without-oom-score", false));
-    assert_eq!(shared::system_reserved_bytes(), 512 << 20);
+    assert_eq!(shared::system_reserved_bytes(), 768 << 20);
 }

@@ -34,7 +34,7 @@ impl Drop for Procs {
 }
 
 /// The kubelet's system-reserved memory packaging/ ships, in bytes
-/// (packaging/k3s/40-regrade-reserved.yaml: `system-reserved=memory=512Mi`). The kubelet
+/// (packaging/k3s/40-regrade-reserved.yaml: `system-reserved=memory=768Mi`). The kubelet
 /// caps the pods' cgroup at the node's memory less it (node allocatable enforced on the
 /// pods, its default; the hard eviction threshold is not taken off the cgroup).
 pub fn system_reserved_bytes() -> u64 {
