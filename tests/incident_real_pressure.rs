@@ -157,6 +157,10 @@ fn arms_to_run() -> Vec<&'static str> {
 /// of the run. The kubelet stand-in does not read k3s's config.
 const RESERVED_ENV: &str = "REGRADE_INCIDENT_RESERVED";
 
+fn pods_capped() -> bool {
+    std::env::var(RESERVED_ENV).as_deref() == Ok("1")
+}
+
 /// server1's memory cgroup (v1), with the child `workload` the stand-in puts pods'
 /// processes in. Dropped: every process in it killed, the directories removed.
 struct MemCg(PathBuf);
@@ -643,6 +647,8 @@ struct Row {
     member_kept: bool,
     /// regrade took a step down and came back to full.
     regrade_round_trip: bool,
+    /// regrade decided a step down in the arm.
+    stepped: bool,
     /// regrade stepped into etcd-only.
     reached_etcd_only: bool,
     /// regrade held the step into etcd-only at control-plane by its cost (the member
@@ -742,8 +748,7 @@ fn incident_three_arms() {
     assert!(st.success(), "tests/e2e/netns.sh up");
     let network = Network;
     enter_netns("regrade-e2e-hub");
-    let pods_limit = (std::env::var(RESERVED_ENV).as_deref() == Ok("1"))
-        .then(|| (LIMIT_MIB << 20) - shared::system_reserved_bytes());
+    let pods_limit = pods_capped().then(|| (LIMIT_MIB << 20) - shared::system_reserved_bytes());
     let cg = Arc::new(MemCg::make(pods_limit));
     let delays = DelayAccounting::on();
 
@@ -772,6 +777,9 @@ fn incident_three_arms() {
     // What the run must show (the figures are printed above either way): in regrade's
     // arm, server1 stepped down and back to full and its etcd member kept its ID and
     // health. The other arms are reported, not judged: their harm is the finding.
+    // With the pods capped by system-reserved their thrash may stay in the cap, and
+    // no step at all is right too (the held arm's step into etcd-only included).
+    let pods_capped = pods_capped();
     let said = |r: &Row| {
         format!(
             "steps: {}; notes: {}; regrade's journal:\n{}",
@@ -781,7 +789,11 @@ fn incident_three_arms() {
         )
     };
     if let Some(regrade) = rows.iter().find(|r| r.arm == "regrade") {
-        assert!(regrade.regrade_round_trip, "regrade did not step server1 down and back to full; {}", said(regrade));
+        assert!(
+            regrade.regrade_round_trip || (pods_capped && !regrade.stepped),
+            "regrade did not step server1 down and back to full; {}",
+            said(regrade)
+        );
         assert!(
             regrade.member_kept,
             "regrade's arm: server1's etcd member did not survive: {}; {}",
@@ -791,11 +803,15 @@ fn incident_three_arms() {
     }
     if let Some(held) = rows.iter().find(|r| r.arm == HELD) {
         assert!(
-            held.reached_etcd_only || held.held_at_control_plane,
+            held.reached_etcd_only || held.held_at_control_plane || (pods_capped && !held.stepped),
             "the held arm: regrade neither stepped server1 into etcd-only nor held that step by its cost; {}",
             said(held)
         );
-        assert!(held.regrade_round_trip, "the held arm: regrade did not step server1 back to full; {}", said(held));
+        assert!(
+            held.regrade_round_trip || (pods_capped && !held.stepped),
+            "the held arm: regrade did not step server1 back to full; {}",
+            said(held)
+        );
         assert!(
             held.member_kept,
             "the held arm: server1's etcd member did not survive: {}; {}",
@@ -1187,6 +1203,7 @@ async fn scenario(
                 // A step counts once done: an attempt rolled back did not reach its level.
                 let down = s1.step_done_at("control-plane", t0).is_some();
                 row.regrade_round_trip = down && back_full.is_some();
+                row.stepped = s1.stepping_to("control-plane", t0);
                 row.reached_etcd_only = s1.step_done_at("etcd-only", t0).is_some();
                 row.held_at_control_plane = s1.held_by_cost(t0);
                 if row.held_at_control_plane {
