@@ -158,10 +158,6 @@ fn arms_to_run() -> Vec<&'static str> {
 /// judged arm that decides no step passes: the thrash may stay in the pods' cap.
 const RESERVED_ENV: &str = "REGRADE_INCIDENT_RESERVED";
 
-fn pods_capped() -> bool {
-    std::env::var(RESERVED_ENV).as_deref() == Ok("1")
-}
-
 /// server1's memory cgroup (v1), with the child `workload` the stand-in puts pods'
 /// processes in. Dropped: every process in it killed, the directories removed.
 struct MemCg(PathBuf);
@@ -749,7 +745,8 @@ fn incident_three_arms() {
     assert!(st.success(), "tests/e2e/netns.sh up");
     let network = Network;
     enter_netns("regrade-e2e-hub");
-    let pods_limit = pods_capped().then(|| (LIMIT_MIB << 20) - shared::system_reserved_bytes());
+    let pods_capped = std::env::var(RESERVED_ENV).as_deref() == Ok("1");
+    let pods_limit = pods_capped.then(|| (LIMIT_MIB << 20) - shared::system_reserved_bytes());
     let cg = Arc::new(MemCg::make(pods_limit));
     let delays = DelayAccounting::on();
 
@@ -780,7 +777,6 @@ fn incident_three_arms() {
     // health. The other arms are reported, not judged: their harm is the finding.
     // With the pods capped by system-reserved their thrash may stay in the cap, and
     // no step at all is right too (the held arm's step into etcd-only included).
-    let pods_capped = pods_capped();
     let said = |r: &Row| {
         format!(
             "steps: {}; notes: {}; regrade's journal:\n{}",
@@ -1137,8 +1133,7 @@ async fn scenario(
         row.killed = if others.is_empty() { "nothing else".into() } else { format!("{others:?}") };
         let peak = samples.iter().map(|s| s.psi).fold(0.0, f64::max);
         row.peak_psi = format!("{peak:.1} % (host's)");
-        // Each sample stands for the time until the next one.
-        let over: f64 = samples.windows(2).filter(|w| w[0].psi >= THRESHOLD).map(|w| w[1].t - w[0].t).sum();
+        let over = shared::seconds_where(&samples, |s| s.t, |s| s.psi >= THRESHOLD);
         row.psi_over = format!("{over:.1} s of {:.0} s", t_end - t0);
         row.onset_to_relief = match (onset, relief) {
             (None, _) => format!("never reached {THRESHOLD} %"),

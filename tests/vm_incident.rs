@@ -800,12 +800,7 @@ async fn scenario(
             Some(id) => format!("NEW ID {id:x}"),
             None => "GONE from the member list".into(),
         };
-        // A fold from 0.0: an empty f64 sum is -0.0, printed "-0 s".
-        let etcd_down = samples
-            .windows(2)
-            .filter(|w| !w[0].etcd_healthy)
-            .map(|w| w[1].host_t - w[0].host_t)
-            .fold(0.0, |a, b| a + b);
+        let etcd_down = shared::seconds_where(&samples, |s| s.host_t, |s| !s.etcd_healthy);
         row.member +=
             &format!("; its /health not answering the guest's sampler within 0.8 s for {etcd_down:.0} s of the arm");
         let leaders_after: Vec<Option<f64>> =
@@ -838,7 +833,7 @@ async fn scenario(
             _ => "-".into(),
         };
         let peak = |f: &dyn Fn(&GuestSample) -> Option<f64>| samples.iter().filter_map(f).fold(0.0, f64::max);
-        let over: f64 = samples.windows(2).filter(|w| w[0].psi >= THRESHOLD).map(|w| w[1].host_t - w[0].host_t).sum();
+        let over = shared::seconds_where(&samples, |s| s.host_t, |s| s.psi >= THRESHOLD);
         row.psi_guest = format!(
             "peak some {:.1} %, full {:.1} %; some ≥ {THRESHOLD} % for {over:.0} s of {:.0} s",
             peak(&|s| Some(s.psi)),
@@ -1207,4 +1202,12 @@ fn arm_names_are_a_tool_and_the_protections_it_runs_without() {
     assert_eq!(reserved("held-reserved-no-hold"), (HELD, true));
     assert_eq!(reserved("held-without-oom-score"), ("held-without-oom-score", false));
     assert_eq!(shared::system_reserved_bytes(), 768 << 20);
+    assert_eq!(reserved(DEFAULTS), ("regrade", true));
+}
+
+#[test]
+fn each_sample_counts_until_the_next_and_never_as_minus_zero() {
+    let samples = [(0.0, true), (1.0, false), (3.0, true), (6.0, true)];
+    assert_eq!(shared::seconds_where(&samples, |s| s.0, |s| s.1), 4.0);
+    assert_eq!(format!("{:.0}", shared::seconds_where(&samples, |s| s.0, |_| false)), "0");
 }

@@ -18,6 +18,12 @@ use kube::Api;
 use serde_json::{json, Value};
 
 use super::common;
+
+/// Seconds of the samples (at times `t`) for which `holds`: each sample stands for the
+/// time until the next one. Folded from 0.0: an empty f64 sum is -0.0, printed "-0".
+pub fn seconds_where<S>(samples: &[S], t: impl Fn(&S) -> f64, holds: impl Fn(&S) -> bool) -> f64 {
+    samples.windows(2).filter(|w| holds(&w[0])).map(|w| t(&w[1]) - t(&w[0])).fold(0.0, |a, b| a + b)
+}
 use super::common::three_servers::{addr, api_url, field, now};
 
 /// Processes a test runs on the host (controllers, stand-ins, earlyoom): killed when
