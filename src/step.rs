@@ -123,6 +123,10 @@ impl NodeReadiness for Tracked<'_> {
     async fn may_restart(&self) -> anyhow::Result<()> {
         restart_allowed(self.cluster, self.gate).await
     }
+    /// The Lease's safe bound; not surely held, now (nothing may be sent).
+    fn restart_bound(&self) -> Option<tokio::time::Instant> {
+        Some(self.cluster.lease_safe_until().unwrap_or_else(tokio::time::Instant::now))
+    }
     fn progress(&self, phase: Phase) {
         self.keeper.reach(phase);
         if phase == Phase::Restarting {
@@ -132,21 +136,23 @@ impl NodeReadiness for Tracked<'_> {
     }
 }
 
-/// The rule for every restart of k3s a step asks for — forward, back, the undoing of
-/// a failed restart, a resumed step: asked only while this server surely holds the
-/// Lease (before [`Cluster::lease_safe_until`], which leaves a quarter of the lease
-/// duration before another server could take it over), and only with the etcd
-/// gate's yes at that moment. The gate lets a member that is down already through
+/// The look every restart of k3s a step asks for takes at its moment — forward, back,
+/// the undoing of a failed restart, a resumed step — through
+/// [`crate::actuator::restart::send`], which also keeps the request inside the
+/// Lease's safe bound: asked only while this server surely holds the Lease (before
+/// [`Cluster::lease_safe_until`], which leaves a quarter of the lease duration before
+/// another server could take it over; not held at all is not sure), and only with the
+/// etcd gate's yes at that moment. The gate lets a member that is down already through
 /// (its restart costs no vote; it is how it comes back) and judges the other voters
 /// otherwise. The Lease is looked at again after the gate: under pressure its look
 /// takes seconds. `Err`: nothing may be restarted now; it says why.
 async fn restart_allowed(cluster: &dyn Cluster, etcd: &dyn RestartGate) -> anyhow::Result<()> {
     let lease_sure = || match cluster.lease_safe_until() {
-        Some(until) if tokio::time::Instant::now() >= until => anyhow::bail!(
+        Some(until) if tokio::time::Instant::now() < until => Ok(()),
+        _ => anyhow::bail!(
             "the Lease is no longer surely this server's (no renewal landed within cluster.lease_duration less a \
-             quarter): no restart is asked for"
+             quarter, or it was lost): no restart is asked for"
         ),
-        _ => Ok(()),
     };
     lease_sure()?;
     if let Err(refusal) = etcd.before_restart().await {
@@ -321,11 +327,12 @@ fn first_phase(step: &Step) -> Phase {
 }
 
 /// Ends at the step's `deadline` or at [`Cluster::lease_safe_until`], whichever comes
-/// first (the latter moves on with every renewal that lands), saying which.
+/// first (the latter moves on with every renewal that lands; a Lease no longer held
+/// has none, and ends it now), saying which.
 async fn cut(deadline: tokio::time::Instant, cluster: &dyn Cluster, levels: &LevelsConfig) -> String {
     loop {
-        let safe = cluster.lease_safe_until();
-        tokio::time::sleep_until(safe.map_or(deadline, |s| s.min(deadline))).await;
+        let safe = cluster.lease_safe_until().unwrap_or_else(tokio::time::Instant::now);
+        tokio::time::sleep_until(safe.min(deadline)).await;
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return format!(
@@ -333,7 +340,7 @@ async fn cut(deadline: tokio::time::Instant, cluster: &dyn Cluster, levels: &Lev
                 format_duration(levels.step_timeout.0)
             );
         }
-        if cluster.lease_safe_until().is_some_and(|s| now >= s) {
+        if cluster.lease_safe_until().is_none_or(|s| now >= s) {
             return "could not renew the Lease: no renewal landed within cluster.lease_duration less a quarter, \
                     so the step stopped before another server could take the Lease over"
                 .to_string();
@@ -396,7 +403,7 @@ async fn under_lease(
 /// `restoring`, so the undoing is finished under the Lease by `watch` (or the next
 /// start), as after a crash.
 async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, why: &str) -> Outcome {
-    let Parts { cluster, etcd, levels, keeper, .. } = p;
+    let Parts { cluster, etcd, levels, keeper, clock } = p;
     let phase = keeper.record().step.map_or(Phase::Leased, |s| s.phase);
     let restarted = levels.needs_restart(step.from, step.to) && phase >= Phase::Restarting;
     let cut = format!("{why} (it was at phase {phase})");
@@ -422,12 +429,15 @@ async fn past_deadline(step: &Step, actuator: &mut dyn Actuator, p: Parts<'_>, w
         let mut said = Vec::new();
         if phase >= Phase::Writing {
             if restarted {
+                // Recorded before anything: whatever fails from here, the record keeps
+                // the undoing for the resume path.
                 keeper.reach(Phase::Restoring);
-                // A restart back is a restart: allowed at its moment like any other (a
-                // step cut by the Lease stop is past it already).
-                restart_allowed(cluster, etcd).await.context("restarting back")?;
             }
-            said.push(actuator.roll_back(step.from, restarted).await?);
+            // A restart back is a restart: allowed at its moment and sent inside the
+            // Lease's safe bound like any other (a step cut by the Lease stop is past
+            // it already), by the one function that sends restarts.
+            let tracked = Tracked { cluster, keeper, clock, gate: etcd };
+            said.push(actuator.roll_back(step.from, restarted, &tracked).await.context("restarting back")?);
         }
         // The marks may say `to`: set on the way down first, on the way up last.
         if step.direction == Direction::Down || phase >= Phase::Applied {
@@ -978,9 +988,42 @@ mod tests {
         let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
         assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
         let e = format!("{error:#}");
-        assert!(e.contains("restarting back: the etcd gate refused the restart"), "{e}");
-        assert!(!log.take().iter().any(|l| l.starts_with("roll back")), "nothing restarted back");
+        assert!(e.contains("restarting back") && e.contains("the etcd gate refused the restart at the moment"), "{e}");
+        let restarts: Vec<Level> = a.restarts.borrow().iter().map(|r| r.0).collect();
+        assert_eq!(restarts, [Level::EtcdOnly], "nothing restarted back");
         assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring));
+    }
+
+    /// The review's proof (issue 55): a step control-plane -> etcd-only is cut by its
+    /// deadline (600 s) at phase `restarting` while renewals stopped landing (the
+    /// Lease surely ours until 605 s; another server may take it from 625 s). Its
+    /// restart back is allowed at 600 s, but its request (a bus connect and a
+    /// RestartUnit of 10 s each, a durable write) may take 21 s: once, it was asked
+    /// at 621 s, past the bound. Now it is not sent: nothing is restarted back, and
+    /// the record keeps the undoing for the resume path under a fresh Lease.
+    #[test]
+    fn a_restart_back_that_could_land_after_the_leases_bound_is_not_sent() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            request_takes: Duration::from_secs(21),
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(3600))
+        };
+        let c = FakeCluster { renewals_fail_after: Some(Duration::from_secs(605)), ..FakeCluster::logging_to(&log) };
+        let levels =
+            LevelsConfig { step_timeout: crate::units::HumanDuration(Duration::from_secs(600)), ..Default::default() };
+        let k = keeper();
+        let (out, t0) = block_on_paused(async {
+            let t0 = tokio::time::Instant::now();
+            (run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &levels, &k).await, t0)
+        });
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::EtcdOnly, "k3s may be at etcd-only");
+        let e = format!("{error:#}");
+        assert!(e.contains("levels.step_timeout = 10m") && e.contains("was not asked for"), "{e}");
+        let restarts: Vec<(Level, Duration)> = a.restarts.borrow().iter().map(|r| (r.0, r.1 - t0)).collect();
+        assert_eq!(restarts, [(Level::EtcdOnly, Duration::from_secs(21))], "only the forward restart, at 21 s");
+        assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring), "the undoing is left for the resume path");
     }
 
     /// A peer's etcd member dies during the drain: the gate, asked again at the

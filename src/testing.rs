@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use crate::actuator::restart::{self, Purpose};
 use crate::actuator::{Actuator, NodeReadiness};
 use crate::cluster::{Cluster, Refusal, StepEvent};
 use crate::decide::Step;
@@ -51,6 +52,11 @@ pub struct FakeActuator {
     pub reports: &'static [Phase],
     /// `roll_back` fails (a bus that does not answer).
     pub fail_roll_back: bool,
+    /// How long each restart's request takes to reach the manager (its bound for the
+    /// Lease, `restart::Request::timeout`): a slow bus.
+    pub request_takes: Duration,
+    /// Each restart that reached k3s: into which level, and when (tokio's clock).
+    pub restarts: Rc<RefCell<Vec<(Level, tokio::time::Instant)>>>,
     /// This many `apply_level` calls from now never return (shared: the test counts
     /// them down from outside).
     pub hangs: Rc<Cell<u32>>,
@@ -65,6 +71,8 @@ impl FakeActuator {
             apply_takes: Duration::ZERO,
             reports: &[],
             fail_roll_back: false,
+            request_takes: Duration::ZERO,
+            restarts: Rc::default(),
             hangs: Rc::new(Cell::new(0)),
             log: Log::default(),
         }
@@ -88,6 +96,19 @@ impl FakeActuator {
     pub fn level(&self) -> Level {
         self.level.get()
     }
+
+    /// A restart's request through the one function that sends restarts, kept in
+    /// `restarts` when it reaches k3s.
+    async fn request(&self, readiness: &dyn NodeReadiness, purpose: Purpose, level: Level) -> anyhow::Result<()> {
+        let request =
+            restart::Request { purpose, what: format!("k3s into {level}"), timeout: self.request_takes, write: None };
+        let asked = async {
+            tokio::time::sleep(self.request_takes).await;
+            self.restarts.borrow_mut().push((level, tokio::time::Instant::now()));
+            anyhow::Ok(())
+        };
+        restart::send(readiness, request, asked).await
+    }
 }
 
 #[async_trait(?Send)]
@@ -101,8 +122,13 @@ impl Actuator for FakeActuator {
     }
 
     async fn apply_level(&mut self, level: Level, readiness: &dyn NodeReadiness) -> anyhow::Result<()> {
-        if LevelsConfig::default().needs_restart(self.level.get(), level) {
-            readiness.may_restart().await?;
+        // The restart's request: at once where the test says the actuator reached
+        // `restarting` (the time it takes is then the wait for k3s), else after it
+        // (the time is then what comes before the file).
+        let restart = LevelsConfig::default().needs_restart(self.level.get(), level);
+        let sent_first = restart && self.reports.contains(&Phase::Restarting);
+        if sent_first {
+            self.request(readiness, Purpose::Forward, level).await?;
         }
         for &phase in self.reports {
             readiness.progress(phase);
@@ -116,6 +142,9 @@ impl Actuator for FakeActuator {
         } else {
             tokio::time::sleep(self.apply_takes).await;
         }
+        if restart && !sent_first {
+            self.request(readiness, Purpose::Forward, level).await?;
+        }
         self.log.push(format!("apply {level}"));
         if self.fail {
             anyhow::bail!("restart never became healthy; restored {}", self.level.get());
@@ -124,11 +153,20 @@ impl Actuator for FakeActuator {
         Ok(())
     }
 
-    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
-        self.log.push(format!("roll back to {from}{}", if restarted { ", restarting" } else { "" }));
+    async fn roll_back(
+        &mut self,
+        from: Level,
+        restarted: bool,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<String> {
         if self.fail_roll_back {
+            self.log.push(format!("roll back to {from}: the bus did not answer"));
             anyhow::bail!("the bus did not answer");
         }
+        if restarted {
+            self.request(readiness, Purpose::Back, from).await?;
+        }
+        self.log.push(format!("roll back to {from}{}", if restarted { ", restarting" } else { "" }));
         self.level.set(from);
         Ok(format!("back at {from}"))
     }
@@ -149,7 +187,8 @@ pub struct FakeCluster {
     /// While a step runs, the Lease is renewed this often (logged); `None`: silently.
     pub renew_every: Option<Duration>,
     /// No renewal lands after `acquire`: the Lease is surely ours only this long
-    /// after it (`Cluster::lease_safe_until`); `None`: for as long as it is held.
+    /// after it (`Cluster::lease_safe_until`); `None`: for as long as it is held (a
+    /// day).
     pub renewals_fail_after: Option<Duration>,
     /// When the Lease was taken (tokio's clock); `None` once released.
     pub acquired: Cell<Option<tokio::time::Instant>>,
@@ -215,7 +254,7 @@ impl Cluster for FakeCluster {
     }
 
     fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
-        Some(self.acquired.get()? + self.renewals_fail_after?)
+        Some(self.acquired.get()? + self.renewals_fail_after.unwrap_or(Duration::from_secs(86_400)))
     }
 
     async fn hold(&self) -> anyhow::Error {

@@ -19,8 +19,7 @@
 //! - k3s: its flags (the start record), the actuator's file (the drop-in), restarts that
 //!   take 2–30 s, or a hang of 10 min; in one seed of four one server's k3s refuses the
 //!   flags of etcd-only (a custom flag this k3s does not know) and crash-loops with
-//!   them for good; the undoing of a failed restart goes through `actuator::may_undo`,
-//!   as both real actuators do;
+//!   them for good;
 //! - memory: each server's own fixture PSI file, rewritten at random moments; in half
 //!   the seeds server0 reads its memory from a cgroup v2 tree (`pressure.memory_cgroup`
 //!   on `system.slice/k3s.service`, the slice limited to 512 MiB, the service not);
@@ -28,11 +27,17 @@
 //!   stands: files written so far stay, the step lock goes with it) and started again;
 //!   `regrade step down|up|to full` by hand (`hand::step_by_hand_with`), some SIGKILLed
 //!   mid-step; a reboot (k3s restarts from the drop-in, not asked by regrade);
-//! - slow calls: a mark now and then takes 5–40 s; a restart request on the bus and an
-//!   etcd look take 50 ms, or 0.5–3 s one time in eight (the awaits between the gate's
-//!   answer and the restart request, within the Lease's margin); lost replies (one
-//!   Lease write or mark in 20 lands but answers an error); the step stops a quarter
-//!   of the lease duration before its Lease could be taken over (`lease_safe_until`).
+//! - slow calls, drawn beyond the Lease's margin (issue 55): a mark now and then takes
+//!   5–40 s; an etcd look 50 ms, or 0.5–3 s one time in eight; each call on the bus may
+//!   hang to its timeout (`CALL_TIMEOUT`), so reaching it and reading the unit before
+//!   a restart may take 15 s; the drop-in's durable write takes 1–12 s one time in ten
+//!   (a disk the thrash keeps busy); RestartUnit may hang to its timeout and systemd
+//!   then executes the job late, as the call ends; the API may stop landing Lease
+//!   renewals for 5–40 s while answering reads (a step that waits sees its Lease's
+//!   safe bound come); lost replies (one Lease write or mark in 20 lands but answers
+//!   an error); the step stops a quarter of the lease duration before its Lease could
+//!   be taken over (`lease_safe_until`). Every restart goes through
+//!   `actuator::restart::send`, as the real actuators' do.
 //!
 //! Not simulated (yet): drains and PDBs, clock offsets, a renewal that lands late, a
 //! member that hangs (its connection taken, no answer).
@@ -57,6 +62,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use regrade::actuator::restart::{self, Purpose};
 use regrade::actuator::{Actuator, NodeReadiness};
 use regrade::backend::Backend;
 use regrade::cluster::{Cluster, Refusal, RefusalKind, StepEvent};
@@ -95,6 +101,11 @@ impl Rng {
 
 const LEASE_FOR: Duration = Duration::from_secs(15);
 
+/// The bound of one call on the simulated system bus (`systemd.call_timeout`): the
+/// restart's request reaches k3s within it. Less than the Lease's margin (a quarter of
+/// its duration, 3.75 s), as the defaults' 10 s are within theirs.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The longest from the gate's answer about a member to the restart request: the rest
 /// of the look (a slow status, 3 s) and the bus call (3 s).
 const LOOK_WINDOW: Duration = Duration::from_secs(6);
@@ -129,6 +140,9 @@ struct World {
     not_ready: Vec<bool>,
     dropin: Vec<Level>,
     api_down: bool,
+    /// Until when the API answers reads but no Lease renewal lands (writes time out):
+    /// the slow API of a step that waits.
+    renewals_stall_until: Instant,
     levels: LevelsConfig,
     /// Each server's level record, and the last phase seen of its step under way.
     records: Vec<PathBuf>,
@@ -176,6 +190,29 @@ impl World {
             Duration::from_millis(500 + self.rng.below(2500))
         } else {
             Duration::from_millis(50)
+        }
+    }
+    /// A call on the bus that may hang to its timeout: mostly 50 ms, now and then
+    /// seconds, one time in twelve the whole of [`CALL_TIMEOUT`].
+    fn bus_call(&mut self) -> Duration {
+        match self.rng.below(12) {
+            0 => CALL_TIMEOUT,
+            _ => self.slow_call().min(CALL_TIMEOUT),
+        }
+    }
+    /// Reaching the bus and reading the unit's state before a restart: three calls,
+    /// each of which may hang to its timeout (tried again: up to three times).
+    fn bus_connect(&mut self) -> Duration {
+        (0..3).map(|_| self.bus_call()).sum::<Duration>()
+            + if self.rng.below(12) == 0 { 2 * CALL_TIMEOUT } else { Duration::ZERO }
+    }
+    /// A durable write (the drop-in, beside the level record's) under the thrash: at
+    /// once mostly, one time in ten seconds on a disk the thrash keeps busy.
+    fn durable_write(&mut self) -> Duration {
+        if self.rng.below(10) == 0 {
+            self.rng.secs(1, 12)
+        } else {
+            Duration::ZERO
         }
     }
     fn violate(&mut self, what: String) {
@@ -291,7 +328,7 @@ impl Cluster for SimCluster {
             if w.lease != Some(self.me) {
                 return anyhow::anyhow!("the Lease was taken over");
             }
-            if !w.api_down {
+            if !w.api_down && Instant::now() >= w.renewals_stall_until {
                 w.renewed = Instant::now();
             }
         }
@@ -459,15 +496,35 @@ impl SimK3s {
         w.went_down[self.me] = Instant::now();
         w.by_regrade[self.me] = true;
     }
-    /// The restart request itself: a D-Bus call, slow now and then.
-    async fn ask_restart(&self, to: Level) {
-        let took = self.w.borrow_mut().slow_call();
-        tokio::time::sleep(took).await;
-        self.restart(to);
+    /// A restart of k3s as the systemd actuator sends it: the bus reached and the
+    /// unit read first (slow, before the look), then through the one function that
+    /// sends restarts ([`restart::send`]): the look at its moment, the drop-in's
+    /// durable write (slow now and then), and RestartUnit (up to its timeout; systemd
+    /// executes the job when the call ends, so one that is late is the call's hang).
+    async fn send_restart(&self, r: &dyn NodeReadiness, purpose: Purpose, to: Level) -> anyhow::Result<()> {
+        let connect = self.w.borrow_mut().bus_connect();
+        tokio::time::sleep(connect).await;
+        let me = self.me;
+        let write = Box::pin(async move {
+            let took = self.w.borrow_mut().durable_write();
+            tokio::time::sleep(took).await;
+            self.w.borrow_mut().look_at_record(me);
+            self.w.borrow_mut().dropin[me] = to;
+            anyhow::Ok(())
+        });
+        let what = format!("server{me}'s k3s into {to}");
+        let request = restart::Request { purpose, what, timeout: CALL_TIMEOUT, write: Some(write) };
+        let ask = async {
+            let took = self.w.borrow_mut().bus_call();
+            tokio::time::sleep(took).await;
+            self.restart(to);
+            anyhow::Ok(())
+        };
+        restart::send(r, request, ask).await
     }
     /// As the systemd actuator after a restart: etcd healthy, then (where the agent
     /// runs) the Node Ready on a fresh heartbeat; else the undoing, allowed at its
-    /// moment by the same rule as every restart ([`regrade::actuator::may_undo`]).
+    /// moment and sent by the same rule as every restart ([`restart::send`]).
     async fn serve_or_undo(&self, from: Level, to: Level, r: &dyn NodeReadiness) -> anyhow::Result<()> {
         let me = self.me;
         let mut served = wait_until(
@@ -482,9 +539,9 @@ impl SimK3s {
         }
         let Err(e) = served else { return Ok(()) };
         let failed = format!("server{me} {from} -> {to}: {e:#}");
-        regrade::actuator::may_undo(r, &failed, from).await?;
-        self.w.borrow_mut().dropin[me] = from;
-        self.ask_restart(from).await;
+        if let Err(no) = self.send_restart(r, Purpose::Back, from).await {
+            return Err(regrade::actuator::undo_pending(r, no, &failed, from));
+        }
         Err(e.context(format!("restored {from}'s file and restarted into it")))
     }
 }
@@ -507,21 +564,18 @@ impl Actuator for SimK3s {
             }
         }
         let (running, before) = (self.w.borrow().running[self.me], self.w.borrow().dropin[self.me]);
-        let restart = self.w.borrow().levels.needs_restart(running, to);
-        if restart {
-            r.may_restart().await?;
+        if !self.w.borrow().levels.needs_restart(running, to) {
+            r.progress(Phase::Writing);
+            self.w.borrow_mut().look_at_record(self.me);
+            self.w.borrow_mut().dropin[self.me] = to;
+            return Ok(());
         }
-        r.progress(Phase::Writing);
-        self.w.borrow_mut().look_at_record(self.me);
-        self.w.borrow_mut().dropin[self.me] = to;
-        if restart {
-            r.progress(Phase::Restarting);
-            // Awaits between the gate's answer and the restart request: the file's
-            // write and the bus.
-            self.ask_restart(to).await;
-            return self.serve_or_undo(before, to, r).await;
+        if let Err(e) = self.send_restart(r, Purpose::Forward, to).await {
+            // Not restarted: the file goes back, as the actuators put it back.
+            self.w.borrow_mut().dropin[self.me] = before;
+            return Err(e);
         }
-        Ok(())
+        self.serve_or_undo(before, to, r).await
     }
     async fn observe(&self) -> anyhow::Result<(Option<Level>, Option<Level>)> {
         let w = self.w.borrow();
@@ -531,11 +585,12 @@ impl Actuator for SimK3s {
         self.w.borrow_mut().dropin[self.me] = level;
         Ok(())
     }
-    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+    async fn roll_back(&mut self, from: Level, restarted: bool, r: &dyn NodeReadiness) -> anyhow::Result<String> {
         self.w.borrow_mut().look_at_record(self.me);
-        self.w.borrow_mut().dropin[self.me] = from;
         if restarted {
-            self.ask_restart(from).await;
+            self.send_restart(r, Purpose::Back, from).await?;
+        } else {
+            self.w.borrow_mut().dropin[self.me] = from;
         }
         Ok(format!("back at {from}"))
     }
@@ -717,6 +772,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         not_ready: vec![false; servers],
         dropin: vec![Level::Full; servers],
         api_down: false,
+        renewals_stall_until: Instant::now(),
         levels: LevelsConfig::default(),
         records: (0..servers).map(|i| root.join(format!("server{i}/level.json"))).collect(),
         seen: vec![None; servers],
@@ -798,10 +854,15 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
                 wb.say(format!("server{i} Node {}", if not_ready { "stays NotReady" } else { "Ready again" }));
                 wb.not_ready[i] = not_ready;
             }
-            65..=74 => {
+            65..=69 => {
                 wb.api_down = !wb.api_down;
                 let now = if wb.api_down { "down" } else { "up" };
                 wb.say(format!("the API is {now}"));
+            }
+            70..=74 => {
+                let stall = wb.rng.secs(5, 40);
+                wb.say(format!("the API is slow: no Lease renewal lands for {stall:?}"));
+                wb.renewals_stall_until = Instant::now() + stall;
             }
             80..=89 if boots[i].is_none() && !s[i].hand_running() => {
                 let target = match wb.rng.below(4) {

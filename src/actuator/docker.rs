@@ -39,11 +39,11 @@ use tokio::time::Instant;
 use self::engine::{Container, Engine};
 use super::entrypoint::{self, parse_level, read_level_file};
 use super::etcd_health::HealthUrl;
+use super::restart::{self, Purpose};
 use super::{Actuator, NodeReadiness};
 use crate::fsutil;
 use crate::kill_point;
 use crate::level::Level;
-use crate::level_record::Phase;
 use crate::levels::LevelsConfig;
 use crate::units::{format_duration, HumanDuration};
 
@@ -172,19 +172,29 @@ impl DockerActuator {
             .unwrap_or(started)
     }
 
-    /// Restarts the container and waits until its k3s serves at `expected` (see
-    /// [`DockerActuator::serving`]). `report`: record the restart in the level record
-    /// first (a step's restart; not the restore after a failed one, recorded already).
-    async fn restart_into(&self, expected: Level, readiness: &dyn NodeReadiness, report: bool) -> anyhow::Result<()> {
-        let name = &self.cfg.container;
-        let before = self.engine.inspect(name).await?;
-        let deadline = Instant::now() + self.cfg.health_timeout.0;
-        tracing::info!(container = %name, level = %expected, "restarting the k3s container");
-        if report {
-            readiness.progress(Phase::Restarting);
+    /// The restart request as [`restart::send`] sends it: the Engine's restart of the
+    /// container, whose request reaches the engine within its socket's connect.
+    fn request<'a>(&self, purpose: Purpose, level: Level, write: restart::Write<'a>) -> restart::Request<'a> {
+        restart::Request {
+            purpose,
+            what: format!("container {} into level {level}", self.cfg.container),
+            timeout: engine::RESTART_CONNECT_TIMEOUT,
+            write: Some(write),
         }
-        // The engine's restart returns once the container has stopped and started again.
-        self.engine.restart(&before.id, self.cfg.stop_timeout.0).await?;
+    }
+
+    /// After the engine got the restart (its `answer`): the container started again
+    /// (a start newer than `before`'s), then serving at `expected`.
+    async fn follow(
+        &self,
+        answer: anyhow::Result<()>,
+        before: &Container,
+        expected: Level,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<()> {
+        let name = &self.cfg.container;
+        let deadline = Instant::now() + self.cfg.health_timeout.0;
+        answer?;
         kill_point::reached("after-restart-request");
         let after = self.engine.inspect(name).await?;
         if after.started_at <= before.started_at {
@@ -194,9 +204,6 @@ impl DockerActuator {
         self.serving(expected, after.started_at, deadline, readiness).await
     }
 
-    /// After a start of the container at `since`: etcd healthy, k3s started with
-    /// `expected`'s flags and, where `expected` runs the agent, the Node Ready on a
-    /// heartbeat newer than `since` — all by `deadline`.
     async fn serving(
         &self,
         expected: Level,
@@ -238,12 +245,31 @@ impl DockerActuator {
     ) -> anyhow::Result<()> {
         let name = &self.cfg.container;
         let unchanged = || format!("stepping k3s from {from} to {level}: nothing was changed");
-        readiness.may_restart().await.with_context(unchanged)?;
-        readiness.progress(Phase::Writing);
-        // A failed write leaves the old file whole: nothing to undo.
-        write_level_file(&self.cfg.level_file, format!("{level}\n").as_bytes()).with_context(unchanged)?;
-        kill_point::reached("after-dropin");
-        let failure = match self.restart_into(level, readiness, true).await {
+        // Read before the restart is allowed: what takes long comes before the look.
+        let before = self.engine.inspect(name).await.with_context(unchanged)?;
+        tracing::info!(container = %name, level = %level, "restarting the k3s container");
+        let (path, written) = (&self.cfg.level_file, std::cell::Cell::new(false));
+        let write = restart::write(|| {
+            // A failed write leaves the old file whole: nothing to undo.
+            write_level_file(path, format!("{level}\n").as_bytes())?;
+            written.set(true);
+            Ok(())
+        });
+        let asked = self.engine.restart(&before.id, self.cfg.stop_timeout.0);
+        let answer = match restart::send(readiness, self.request(Purpose::Forward, level, write), asked).await {
+            Ok(answer) => answer,
+            // Not restarted (not allowed, not sent before the Lease's bound, or the
+            // engine not reached): the level file goes back.
+            Err(e) if !written.get() => return Err(e.context(unchanged())),
+            Err(e) => {
+                let back = self.put_back(&previous).map_or_else(
+                    |p| format!("putting the previous level file back failed too ({p:#})"),
+                    |()| "the previous level file was put back".to_string(),
+                );
+                return Err(e.context(format!("stepping k3s from {from} to {level}: k3s was not restarted; {back}")));
+            }
+        };
+        let failure = match self.follow(answer, &before, level, readiness).await {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
@@ -264,25 +290,34 @@ impl DockerActuator {
         let name = &self.cfg.container;
         tracing::error!(container = %name, error = %format!("{failure:#}"), from = %from, to = %to, "putting the previous level back");
         let failed = format!("stepping container {name} from {from} to {to} failed: {failure:#}");
-        super::may_undo(readiness, &failed, from).await?;
-        bail!("{failed}; {}", self.restore(previous, readiness).await)
+        let restored =
+            self.restore(previous, readiness).await.map_err(|e| super::undo_pending(readiness, e, &failed, from))?;
+        bail!("{failed}; {restored}")
     }
 
-    /// Puts the level file back as it was (`None`: there was none) and restarts the
-    /// container into it; says what it did.
-    async fn restore(&self, previous: &Option<Vec<u8>>, readiness: &dyn NodeReadiness) -> String {
-        let (path, name) = (self.cfg.level_file.display(), &self.cfg.container);
-        let put_back = match previous {
-            Some(bytes) => write_level_file(&self.cfg.level_file, bytes),
-            None => fsutil::remove_durable(&self.cfg.level_file, "level-file")
-                .with_context(|| format!("removing level file {path}")),
-        };
-        if let Err(e) = put_back {
-            return format!("putting back the previous level file {path} failed too: {e:#}");
+    /// The level file as it was before a step (`previous`; `None`: there was none).
+    fn put_back(&self, previous: &Option<Vec<u8>>) -> anyhow::Result<()> {
+        let path = &self.cfg.level_file;
+        match previous {
+            Some(bytes) => write_level_file(path, bytes),
+            None => fsutil::remove_durable(path, "level-file")
+                .with_context(|| format!("removing level file {}", path.display())),
         }
-        // What the entrypoint will start from the restored file.
+    }
+
+    /// Puts the previous level file back and restarts the container into it
+    /// ([`restart::send`], [`Purpose::Back`]); says what it did. `Err`: nothing was
+    /// restarted (the container not read, the restart not allowed or not sent, the
+    /// file not written, the engine not reached).
+    async fn restore(&self, previous: &Option<Vec<u8>>, readiness: &dyn NodeReadiness) -> anyhow::Result<String> {
+        let (path, name) = (&self.cfg.level_file, &self.cfg.container);
         let back = previous.as_deref().and_then(|b| parse_level(b).ok()).unwrap_or(Level::Full);
-        match self.restart_into(back, readiness, false).await {
+        let before = self.engine.inspect(name).await.context("reading the container to restart it back")?;
+        let write = restart::write(|| self.put_back(previous));
+        let asked = self.engine.restart(&before.id, self.cfg.stop_timeout.0);
+        let answer = restart::send(readiness, self.request(Purpose::Back, back, write), asked).await?;
+        let path = path.display();
+        Ok(match self.follow(answer, &before, back, readiness).await {
             Ok(()) => format!(
                 "restored the previous level {back} (level file {path}) and restarted container {name}: k3s serves \
                  at {back} again"
@@ -291,7 +326,7 @@ impl DockerActuator {
                 "restored the previous level {back} (level file {path}) and restarted container {name}, but that \
                  failed too: {e:#}"
             ),
-        }
+        })
     }
 
     /// The container, once it runs: after a dockerd restart (or the restart policy's
@@ -397,14 +432,23 @@ impl Actuator for DockerActuator {
         }
     }
 
-    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
-        let (path, name) = (self.cfg.level_file.display().to_string(), &self.cfg.container);
-        write_level_file(&self.cfg.level_file, format!("{from}\n").as_bytes())?;
+    async fn roll_back(
+        &mut self,
+        from: Level,
+        restarted: bool,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<String> {
+        let (file, name) = (&self.cfg.level_file, &self.cfg.container);
+        let path = file.display().to_string();
         if !restarted {
+            write_level_file(file, format!("{from}\n").as_bytes())?;
             return Ok(format!("set the level file {path} back to {from}; container {name} was not restarted"));
         }
-        let c = self.engine.inspect(name).await?;
-        self.engine.restart(&c.id, self.cfg.stop_timeout.0).await?;
+        // By name: no inspect between the look and the request.
+        let write = restart::write(|| write_level_file(file, format!("{from}\n").as_bytes()));
+        let asked = self.engine.restart(name, self.cfg.stop_timeout.0);
+        let answer = restart::send(readiness, self.request(Purpose::Back, from, write), asked).await?;
+        answer.with_context(|| format!("set the level file {path} back to {from}, but restarting container {name}"))?;
         Ok(format!("set the level file {path} back to {from} and restarted container {name} into it"))
     }
 

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use anyhow::anyhow;
 use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::level::Level;
 use crate::level_record::Phase;
@@ -13,6 +15,7 @@ pub mod docker;
 pub mod dry_run;
 pub mod entrypoint;
 pub mod etcd_health;
+pub mod restart;
 pub mod systemd;
 
 /// Waits for the local Node to be Ready on a heartbeat newer than a restart
@@ -33,16 +36,24 @@ pub trait NodeReadiness {
         Ok(())
     }
 
+    /// Until when a restart request must have reached the manager: the Lease's safe
+    /// bound, read now (a renewal that lands moves it on). `None`: no bound (an
+    /// actuator driven outside a step, in its own tests). Read by [`restart::send`].
+    fn restart_bound(&self) -> Option<Instant> {
+        None
+    }
+
     /// The actuator is about to have `phase`'s effect (write its file, restart k3s,
     /// restore after a failure): the step runner records it in the level record
     /// first, so a crash right after is judged by it (docs/level-record.md).
     fn progress(&self, _phase: Phase) {}
 }
 
-/// The error of a step whose restart failed and whose undoing could not restart k3s
-/// back ([`NodeReadiness::may_restart`] said no at that moment): k3s is left as the
-/// failure left it, with the new file, and the level record keeps the undoing
-/// (`restoring`) for a step under the Lease to finish once a restart is allowed.
+/// The error of a step whose undoing could not restart k3s back ([`restart::send`]:
+/// not allowed at that moment, or it could not have reached the manager before the
+/// Lease's safe bound): k3s is left as the failure left it, and the level record keeps
+/// the undoing (`restoring`) for a step under the Lease to finish once a restart is
+/// allowed.
 #[derive(Debug)]
 pub struct UndoPending(pub String);
 
@@ -54,21 +65,14 @@ impl std::fmt::Display for UndoPending {
 
 impl std::error::Error for UndoPending {}
 
-/// Before the undoing of a failed restart restarts k3s back into `from`: the phase
-/// recorded, and the restart allowed at its moment like any other
-/// ([`NodeReadiness::may_restart`]: a member that never came back is down and lets
-/// it through; a member that came back healthy is a voter again, judged by the gate).
-/// `Err`: an [`UndoPending`] saying what failed (`failed`) and why nothing was restarted.
-pub async fn may_undo(readiness: &dyn NodeReadiness, failed: &str, from: Level) -> anyhow::Result<()> {
+/// The undoing of a failed restart did not restart k3s back (`e` says why): left
+/// pending as an [`UndoPending`] for the resume path under a fresh Lease, the level
+/// record at `restoring` (what the resume path finishes).
+pub fn undo_pending(readiness: &dyn NodeReadiness, e: anyhow::Error, failed: &str, from: Level) -> anyhow::Error {
     readiness.progress(Phase::Restoring);
-    match readiness.may_restart().await {
-        Ok(()) => Ok(()),
-        Err(no) => {
-            let e = format!("{failed}; k3s was not restarted back into {from}: {no:#}");
-            tracing::error!(error = %e, "the undoing waits for a restart to be allowed");
-            Err(anyhow::Error::new(UndoPending(e)))
-        }
-    }
+    let e = format!("{failed}; k3s was not restarted back into {from}: {e:#}");
+    tracing::error!(error = %e, "the undoing is left for the resume path");
+    anyhow!(UndoPending(e))
 }
 
 #[async_trait(?Send)]
@@ -115,9 +119,16 @@ pub trait Actuator {
     /// The step's deadline passed while it applied a level, and its work was cut
     /// short part-way: puts `from`'s flags back in the actuator's file and, where k3s
     /// may have been restarted with the new ones (`restarted`), asks for a restart into
-    /// `from` without waiting for it to serve (the step has waited as long as it may).
-    /// Each call is bounded by its own timeout. Says what it did.
-    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+    /// `from` through [`restart::send`] (as every restart: allowed by `readiness` at
+    /// its moment, inside the Lease's safe bound) without waiting for it to serve (the
+    /// step has waited as long as it may). Each call is bounded by its own timeout.
+    /// Says what it did.
+    async fn roll_back(
+        &mut self,
+        from: Level,
+        restarted: bool,
+        _readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<String> {
         self.rewrite(from).await?;
         Ok(match restarted {
             false => format!("put the flags of {from} back"),

@@ -26,10 +26,11 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::etcd_health::HealthUrl;
+use super::restart::{self, Purpose};
 use super::{Actuator, NodeReadiness};
 use crate::kill_point;
 use crate::level::Level;
-use crate::level_record::{LevelRecord, Phase};
+use crate::level_record::LevelRecord;
 use crate::levels::LevelsConfig;
 use crate::units::{format_duration, HumanDuration};
 
@@ -123,14 +124,6 @@ impl SystemdActuator {
         dropin::render(&self.levels, level)
     }
 
-    /// Restarts the unit and waits until a new process runs, etcd is healthy and,
-    /// where `level` runs the agent, the Node is Ready on a heartbeat newer than the
-    /// restart. Never waits on the restart job itself.
-    async fn restart_into(&self, level: Level, readiness: &dyn NodeReadiness, report: bool) -> anyhow::Result<()> {
-        let (systemd, before) = self.connect().await?;
-        self.restart_with(&systemd, before, level, readiness, report).await
-    }
-
     /// Reaches systemd and reads the unit's state, before anything is changed: a bus
     /// that does not answer refuses the step with the drop-in untouched.
     async fn connect(&self) -> anyhow::Result<(dbus::Systemd, dbus::UnitState)> {
@@ -168,21 +161,30 @@ impl SystemdActuator {
         }
     }
 
-    async fn restart_with(
+    /// The restart request as [`restart::send`] sends it: RestartUnit on a bus
+    /// reached already, within `systemd.call_timeout`.
+    fn request<'a>(&self, purpose: Purpose, level: Level, write: restart::Write<'a>) -> restart::Request<'a> {
+        restart::Request {
+            purpose,
+            what: format!("{} into level {level}", self.cfg.unit),
+            timeout: self.cfg.call_timeout.0,
+            write: Some(write),
+        }
+    }
+
+    /// After RestartUnit was asked for: waits until a new process runs, etcd is
+    /// healthy and, where `level` runs the agent, the Node is Ready on a heartbeat
+    /// newer than the restart. Never waits on the restart job itself.
+    async fn follow(
         &self,
         systemd: &dbus::Systemd,
         before: dbus::UnitState,
         level: Level,
         readiness: &dyn NodeReadiness,
-        report: bool,
     ) -> anyhow::Result<()> {
         let unit = &self.cfg.unit;
         let timeout = self.cfg.health_timeout.0;
         let deadline = Instant::now() + timeout;
-        if report {
-            readiness.progress(Phase::Restarting);
-        }
-        systemd.restart().await?;
         kill_point::reached("after-restart-request");
         // The step's own share ends here: from the decision ("stepping") through "drop-in
         // written" to this line, regrade works; after it, k3s and etcd do.
@@ -287,8 +289,10 @@ impl SystemdActuator {
         Ok(())
     }
 
-    /// Writes `level`'s drop-in and restarts k3s into it; on failure puts `previous`
-    /// back and restarts into `from`.
+    /// Writes `level`'s drop-in and restarts k3s into it ([`restart::send`]); on
+    /// failure puts `previous` back and restarts into `from`. The bus is reached and
+    /// the unit's state read before the restart is allowed: what takes long comes
+    /// before the look.
     async fn write_and_restart(
         &self,
         from: Level,
@@ -299,18 +303,29 @@ impl SystemdActuator {
         let unchanged = || format!("stepping k3s from {from} to {level}: nothing was changed");
         let (systemd, before) = self.connect().await.with_context(unchanged)?;
         self.check_overrides(&systemd).await.with_context(unchanged)?;
-        readiness.may_restart().await.with_context(unchanged)?;
-        readiness.progress(Phase::Writing);
-        // A failed write leaves the old file whole (see dropin::put): nothing to undo.
-        dropin::put(&self.cfg.dropin, self.dropin_for(level).as_deref().map(str::as_bytes)).with_context(unchanged)?;
-        tracing::info!(
-            dropin = %self.cfg.dropin.display(),
-            from = %from,
-            to = %level,
-            "drop-in written; requesting the restart of k3s"
-        );
-        kill_point::reached("after-dropin");
-        match self.restart_with(&systemd, before, level, readiness, true).await {
+        let (path, content) = (&self.cfg.dropin, self.dropin_for(level));
+        let written = std::cell::Cell::new(false);
+        let write = restart::write(|| {
+            // A failed write leaves the old file whole (see dropin::put): nothing to undo.
+            dropin::put(path, content.as_deref().map(str::as_bytes))?;
+            written.set(true);
+            tracing::info!(dropin = %path.display(), from = %from, to = %level, "drop-in written; requesting the restart of k3s");
+            Ok(())
+        });
+        let sent = restart::send(readiness, self.request(Purpose::Forward, level, write), systemd.restart()).await;
+        if let Err(e) = sent {
+            // Not restarted (not allowed, not sent before the Lease's bound, or refused
+            // by systemd): the file goes back, k3s runs `from` as before.
+            if !written.get() {
+                return Err(e.context(unchanged()));
+            }
+            let back = dropin::put(path, previous.as_deref()).map_or_else(
+                |p| format!("putting the previous drop-in back failed too ({p:#}): k3s will start with the new one"),
+                |()| "the previous drop-in was put back".to_string(),
+            );
+            return Err(e.context(format!("stepping k3s from {from} to {level}: k3s was not restarted; {back}")));
+        }
+        match self.follow(&systemd, before, level, readiness).await {
             Ok(()) => Ok(()),
             Err(failure) => self.undo(from, level, previous.as_deref(), failure, readiness).await,
         }
@@ -328,25 +343,34 @@ impl SystemdActuator {
     ) -> anyhow::Result<()> {
         tracing::error!(error = %format!("{failure:#}"), from = %from, to = %to, "step failed; restoring");
         let failed = format!("stepping k3s from {from} to {to} failed: {failure:#}");
-        super::may_undo(readiness, &failed, from).await?;
-        let restored = self.restore(previous, from, readiness).await;
+        let restored = self
+            .restore(previous, from, readiness)
+            .await
+            .map_err(|e| super::undo_pending(readiness, e, &failed, from))?;
         Err(anyhow!("{failed}; {restored}"))
     }
 
-    /// Puts the drop-in back as it was and restarts into `level`; says what it did.
-    async fn restore(&self, previous: Option<&[u8]>, level: Level, readiness: &dyn NodeReadiness) -> String {
-        let path = self.cfg.dropin.display();
+    /// Puts the drop-in back as it was and restarts into `level` ([`restart::send`],
+    /// [`Purpose::Back`]); says what it did. `Err`: nothing was restarted (systemd not
+    /// reached, the restart not allowed or not sent, the file not written).
+    async fn restore(
+        &self,
+        previous: Option<&[u8]>,
+        level: Level,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<String> {
+        let path = &self.cfg.dropin;
         let what = match previous {
-            Some(_) => format!("put the previous drop-in {path} back"),
-            None => format!("removed the drop-in {path} again"),
+            Some(_) => format!("put the previous drop-in {} back", path.display()),
+            None => format!("removed the drop-in {} again", path.display()),
         };
-        if let Err(e) = dropin::put(&self.cfg.dropin, previous) {
-            return format!("could NOT restore the drop-in of level {level}: {e:#}; k3s will start with the new one");
-        }
-        match self.restart_into(level, readiness, false).await {
+        let (systemd, before) = self.connect().await.context("reaching systemd to restart k3s back")?;
+        let write = restart::write(|| dropin::put(path, previous));
+        restart::send(readiness, self.request(Purpose::Back, level, write), systemd.restart()).await?;
+        Ok(match self.follow(&systemd, before, level, readiness).await {
             Ok(()) => format!("{what} and restarted {} at level {level}, which serves again", self.cfg.unit),
             Err(e) => format!("{what} and restarted {} at level {level}, but that failed too: {e:#}", self.cfg.unit),
-        }
+        })
     }
 }
 
@@ -396,16 +420,44 @@ impl Actuator for SystemdActuator {
         }
     }
 
-    async fn roll_back(&mut self, from: Level, restarted: bool) -> anyhow::Result<String> {
+    async fn roll_back(
+        &mut self,
+        from: Level,
+        restarted: bool,
+        readiness: &dyn NodeReadiness,
+    ) -> anyhow::Result<String> {
         let (path, unit) = (self.cfg.dropin.display().to_string(), self.cfg.unit.clone());
-        self.rewrite(from).await.with_context(|| format!("putting the drop-in {path} of level {from} back"))?;
         if !restarted {
+            self.rewrite(from).await.with_context(|| format!("putting the drop-in {path} of level {from} back"))?;
             return Ok(format!("put the drop-in {path} of level {from} back; {unit} was not restarted"));
         }
-        // Only the restart: the unit's state is not read (a wedged systemd would not
-        // answer), the restart not waited on.
-        let asked = async { dbus::Systemd::connect(&unit, self.cfg.call_timeout.0).await?.restart().await };
-        asked.await.with_context(|| format!("put the drop-in {path} of level {from} back, but restarting {unit}"))?;
+        // The bus reached and the unit read before the restart is allowed; the drop-in
+        // written inside the request's bound; the restart not waited on, only seen
+        // begun (below).
+        let (systemd, before) = self
+            .connect()
+            .await
+            .with_context(|| format!("reaching systemd to restart {unit} back into level {from}"))?;
+        let (dropin, content) = (&self.cfg.dropin, self.dropin_for(from));
+        let write = restart::write(|| dropin::put(dropin, content.as_deref().map(str::as_bytes)));
+        restart::send(readiness, self.request(Purpose::Back, from, write), systemd.restart())
+            .await
+            .with_context(|| format!("putting the drop-in {path} of level {from} back and restarting {unit}"))?;
+        // systemd runs the job it queued when it gets to it, which under pressure may
+        // be seconds later: until then this member is up, and another server's gate
+        // would let its own restart through once the Lease is released. The Lease is
+        // held (the step's) until the restart is seen begun, within a call's bound.
+        let begun = async {
+            loop {
+                match systemd.state().await {
+                    Ok(s) if s.invocation != before.invocation || s.active != "active" => return,
+                    _ => tokio::time::sleep(POLL).await,
+                }
+            }
+        };
+        if tokio::time::timeout(self.cfg.call_timeout.0, begun).await.is_err() {
+            tracing::warn!(unit = %unit, "the restart back was asked for but not seen begun within systemd.call_timeout");
+        }
         Ok(format!("put the drop-in {path} of level {from} back and asked systemd to restart {unit} into it"))
     }
 
@@ -551,6 +603,8 @@ pub fn record_start(
 mod tests {
     use super::*;
 
+    use crate::level_record::Phase;
+
     fn actuator(record: &std::path::Path) -> SystemdActuator {
         let cfg = SystemdConfig { record: record.to_path_buf(), ..SystemdConfig::default() };
         SystemdActuator::new(&cfg, &LevelsConfig::default()).unwrap()
@@ -570,8 +624,10 @@ mod tests {
     /// Was (issue 38, finding 2): the undoing of a failed restart put the old drop-in
     /// back and restarted k3s without asking anything, though etcd may have come back
     /// healthy (only the Node was not Ready) while a peer's member died: a second
-    /// voter down. Now it is asked like every restart; refused, nothing is touched
-    /// and the error is the undoing left pending.
+    /// voter down. Now it goes through `restart::send` like every restart (whose own
+    /// tests show the refusal): here, whether the bus is not there (this machine) or
+    /// the gate refuses (a machine with a system bus), nothing is touched and the
+    /// error is the undoing left pending, recorded at `restoring`.
     #[test]
     fn the_undoing_of_a_failed_restart_is_asked_for_like_any_restart() {
         struct Refusing(std::cell::Cell<Vec<Phase>>);
@@ -605,12 +661,9 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let e = rt.block_on(a.undo(Level::ControlPlane, Level::EtcdOnly, None, failure, &readiness)).unwrap_err();
         let pending = e.downcast_ref::<super::super::UndoPending>().expect("the undoing is left pending");
-        assert!(
-            pending.0.contains("not restarted back into control-plane") && pending.0.contains("server3"),
-            "{pending}"
-        );
+        assert!(pending.0.contains("not restarted back into control-plane"), "{pending}");
         assert_eq!(std::fs::read_to_string(&cfg.dropin).unwrap(), to, "the drop-in of etcd-only is left as it is");
-        assert_eq!(readiness.0.take(), [Phase::Restoring], "recorded before it was asked");
+        assert_eq!(readiness.0.take()[0], Phase::Restoring, "recorded before it was asked");
     }
 
     #[test]

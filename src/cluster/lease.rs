@@ -214,10 +214,9 @@ impl LeaseLock {
     }
 
     /// Until when the Lease is surely ours: [`safe_for`] its duration after the last
-    /// write of ours that landed; lost to another holder, the moment of the loss.
-    /// `None`: not held (never taken, or released).
+    /// write of ours that landed. `None`: not surely ours at all (never taken,
+    /// released, or lost to another holder).
     pub fn safe_until(&self) -> Option<Instant> {
-        // Not `held`: a Lease lost to another holder keeps its bound, which has passed.
         self.landed.get().map(|t| t + safe_for(self.duration))
     }
 
@@ -256,8 +255,9 @@ impl LeaseLock {
                     Ok(l) => {
                         *self.held.borrow_mut() = None;
                         // Surely ours no longer, from now: no restart is asked for after
-                        // this (the release forgets it).
-                        self.landed.set(Instant::now().checked_sub(safe_for(self.duration)));
+                        // this. (It was `now - safe_for`, which within that long of the
+                        // machine's boot is no instant at all, and was read as no bound.)
+                        self.landed.set(None);
                         let who = l.as_ref().map(holder_of).unwrap_or_default();
                         return anyhow::anyhow!(
                             "lost Lease {}/{} to {}",

@@ -149,8 +149,9 @@ pub trait Cluster: NodeReadiness {
 
     /// Until when the Lease is surely still ours, by this process's clock: the lease
     /// duration less a margin after the last renewal that landed. The step stops
-    /// (rolled back) there, before another server could take the Lease over. `None`:
-    /// no such bound (not held, or a cluster without a Lease).
+    /// (rolled back) there, before another server could take the Lease over, and no
+    /// restart is sent that could reach k3s after it. `None`: not surely ours at all
+    /// (never taken, released, or lost): no restart.
     fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
         None
     }
@@ -206,6 +207,10 @@ impl Cluster for AlwaysFree {
     }
     async fn hold(&self) -> anyhow::Error {
         std::future::pending().await
+    }
+    /// A make-believe Lease, held for good: a dry run restarts nothing.
+    fn lease_safe_until(&self) -> Option<tokio::time::Instant> {
+        Some(tokio::time::Instant::now() + Duration::from_secs(86_400))
     }
     async fn release(&self) {}
     async fn mark_node(&self, level: Level, _: &LevelsConfig) -> anyhow::Result<()> {

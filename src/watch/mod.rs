@@ -666,7 +666,7 @@ mod tests {
             assert_eq!(w.pending, Pending::Resume(undo));
             let s = on_disk(&cfg).step.expect("the undoing is recorded");
             assert_eq!((s.from, s.to, s.phase), (Level::EtcdOnly, Level::ControlPlane, Phase::Restarting));
-            assert!(log.take().contains(&"roll back to control-plane, restarting".to_string()));
+            assert!(log.take().contains(&"roll back to control-plane: the bus did not answer".to_string()));
             w.converge(Duration::from_secs(200)).await;
             assert_eq!(w.pending, Pending::Nothing);
             assert_eq!(log.take()[..3], ["preflight", "acquire", "apply control-plane"], "under the Lease");

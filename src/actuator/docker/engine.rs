@@ -19,6 +19,12 @@ use super::http::round_trip;
 /// How long one call other than a restart may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long reaching the engine's socket may take for a restart. The request is
+/// written at once after (a few bytes on a local socket) and the engine acts on it as
+/// it reads it, so this bounds the restart's request for the Lease
+/// (`restart::Request::timeout`); its answer comes after the stop and the start.
+pub const RESTART_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub struct Engine {
     socket: PathBuf,
 }
@@ -67,13 +73,21 @@ impl Engine {
     }
 
     /// `POST /containers/{id}/restart?t=...`: stops the container (SIGTERM, then SIGKILL
-    /// after `stop_timeout`) and starts the same container again. Returns once started.
-    pub async fn restart(&self, id: &str, stop_timeout: Duration) -> anyhow::Result<()> {
+    /// after `stop_timeout`) and starts the same container again. `Err`: the request
+    /// never reached the engine (its socket not reached within
+    /// [`RESTART_CONNECT_TIMEOUT`]): nothing was restarted. `Ok(answer)`: it did;
+    /// `answer` is the engine's, once the container is started again.
+    pub async fn restart(&self, id: &str, stop_timeout: Duration) -> anyhow::Result<anyhow::Result<()>> {
         let t = stop_timeout.as_secs() + u64::from(stop_timeout.subsec_nanos() > 0);
+        let path = format!("/containers/{id}/restart?t={t}");
+        let stream = tokio::time::timeout(RESTART_CONNECT_TIMEOUT, tokio::net::UnixStream::connect(&self.socket))
+            .await
+            .map_err(|_| anyhow::anyhow!("not reached within {} s", RESTART_CONNECT_TIMEOUT.as_secs()))
+            .and_then(|r| r.context("connecting"))
+            .with_context(|| format!("{}: POST {path}", self.endpoint()))?;
         // The engine answers only after the stop and the start: allow for both.
         let limit = stop_timeout + Duration::from_secs(60);
-        self.call(Method::POST, &format!("/containers/{id}/restart?t={t}"), None, limit).await?;
-        Ok(())
+        Ok(self.exchange(async { Ok(stream) }, Method::POST, &path, None, limit).await.map(|_| ()))
     }
 
     /// Runs `cmd` in the running container `id` and returns its exit code and output.
@@ -130,11 +144,21 @@ impl Engine {
         body: Option<serde_json::Value>,
         limit: Duration,
     ) -> anyhow::Result<Bytes> {
+        let connect = async { tokio::net::UnixStream::connect(&self.socket).await.context("connecting") };
+        self.exchange(connect, method, path, body, limit).await
+    }
+
+    /// One request on the connection `connect` makes, within `limit`.
+    async fn exchange(
+        &self,
+        connect: impl std::future::Future<Output = anyhow::Result<tokio::net::UnixStream>>,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        limit: Duration,
+    ) -> anyhow::Result<Bytes> {
         let what = format!("{}: {method} {path}", self.endpoint());
-        let exchange = async {
-            let stream = tokio::net::UnixStream::connect(&self.socket).await.context("connecting")?;
-            round_trip(stream, method, "docker", path, body.as_ref()).await
-        };
+        let exchange = async { round_trip(connect.await?, method, "docker", path, body.as_ref()).await };
         let (status, bytes) = tokio::time::timeout(limit, exchange)
             .await
             .map_err(|_| anyhow::anyhow!("no answer within {} s", limit.as_secs()))
