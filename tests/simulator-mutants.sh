@@ -2,10 +2,12 @@
 # The simulator's mutation check: puts each fault a review found back into the code,
 # one at a time, runs the simulator over SEEDS seeds (default 4000, the CI budget) and
 # prints the first failing seed and the invariant it broke. Every fault must be found.
-# Faults 1-6 are issue 23's; 7-10 issue 38's. Edits src/ in place and restores it with
+# Faults 1-6 are issue 23's; 7-10 issue 38's; 11 issue 55's. Since issue 55 every restart
+# goes through src/actuator/restart.rs, so faults 5, 8 and 9 are put back there: the
+# shape each fault had, on the one path every restart now takes. Edits src/ in place and restores it with
 # git after each run, so it refuses to start with uncommitted changes under src/.
 #
-#   bash tests/simulator-mutants.sh            all ten (about 2 min a fault on 2 cores)
+#   bash tests/simulator-mutants.sh            all eleven (up to 5 min a fault on 2 cores)
 #   ONLY="7 9" SEEDS=3000 bash tests/simulator-mutants.sh
 #   bash tests/simulator-mutants.sh --check    only that every mutation still applies to
 #                                              the code (no build; CI runs this)
@@ -61,7 +63,7 @@ old_follow_hand_steps() {
         }
     }"
 }
-only=" ${ONLY:-1 2 3 4 5 6 7 8 9 10} "
+only=" ${ONLY:-1 2 3 4 5 6 7 8 9 10 11} "
 if [[ $only == *" 1 "* ]]; then
 mut src/step.rs "        restart_allowed(self.cluster, self.gate).await" "        Ok(())"
 run "1 the gate not asked at the moment of restart"; fi
@@ -93,7 +95,7 @@ mut src/step.rs "        apply(step, &mut *actuator, Tracked { cluster, keeper, 
 run "4 a killed hand step ignored, its next step ungated"; fi
 if [[ $only == *" 5 "* ]]; then
 mut src/step.rs "    if phase == Phase::Applied {" "    if phase == Phase::Applied && false {"
-mut src/step.rs '                restart_allowed(cluster, etcd).await.context("restarting back")?;' ""
+mut src/step.rs "            let tracked = Tracked { cluster, keeper, clock, gate: etcd };" "            let tracked = Tracked { cluster, keeper, clock, gate: &crate::etcd::NoRestartGate };"
 run "5 a deadline at applied restarts again, ungated"; fi
 if [[ $only == *" 6 "* ]]; then
 mut src/watch/mod.rs "        if self.keeper.moved_on_disk() {
@@ -110,11 +112,33 @@ if [[ $only == *" 7 "* ]]; then
 mut src/etcd/gate.rs "        if !local_answered {" "        if false {"
 run "7 the gate answerable only through the local member"; fi
 if [[ $only == *" 8 "* ]]; then
-mut src/actuator/mod.rs "    match readiness.may_restart().await {" "    match Ok::<(), anyhow::Error>(()) {"
+mut src/actuator/restart.rs "    if let Err(no) = readiness.may_restart().await {" "    if let Err(no) = if purpose == Purpose::Back { Ok(()) } else { readiness.may_restart().await } {"
 run "8 the undoing of a failed restart ungated"; fi
 if [[ $only == *" 9 "* ]]; then
-mut src/step.rs '                restart_allowed(cluster, etcd).await.context("restarting back")?;' '                etcd.before_restart().await.map_err(|r| anyhow::anyhow!(r.message)).context("restarting back")?;'
+# The Lease looked at nowhere for a restart back: neither around the gate nor as the
+# request's bound.
+mut src/actuator/restart.rs "    let Some(bound) = readiness.restart_bound() else { return Ok(()) };" "    let Some(bound) = readiness.restart_bound().filter(|_| request.purpose == Purpose::Forward) else { return Ok(()) };"
+mut src/step.rs "    lease_sure()?;
+    if let Err(refusal)" "    if let Err(refusal)"
+mut src/step.rs "        anyhow::bail!(\"the etcd gate refused the restart at the moment of it: {}\", refusal.message);
+    }
+    lease_sure()" "        anyhow::bail!(\"the etcd gate refused the restart at the moment of it: {}\", refusal.message);
+    }
+    let _ = lease_sure;
+    Ok(())"
 run "9 the rollback's restart past the Lease's safe bound"; fi
+if [[ $only == *" 11 "* ]]; then
+# Issue 55's shape: the look taken once, then I/O of unbounded length (the durable
+# write) before the act, and no bound after it.
+mut src/actuator/restart.rs "    if let Err(no) = readiness.may_restart().await {
+        return Err(pending(no.context(format!(\"restarting {}: not allowed now\", request.what))));
+    }
+    within_bound(readiness, &request, wrote).map_err(|e| pending(e.into()))?;" ""
+mut src/actuator/restart.rs "    within_bound(readiness, &request, false).map_err(|e| pending(e.into()))?;" ""
+
+mut src/actuator/restart.rs "    // Not even the request fits before the bound: nothing is written." "    if let Err(no) = readiness.may_restart().await {
+        return Err(pending(no.context(format!(\"restarting {}: not allowed now\", request.what))));
+    }"run "11 the look before the write, no bound after it (issue 55)"; fi
 if [[ $only == *" 10 "* ]]; then
 mut src/pressure.rs "        let mut up = dir.parent();" "        let mut up: Option<&Path> = None;"
 run "10 a limit on an ancestor cgroup ignored"; fi
