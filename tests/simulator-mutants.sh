@@ -135,10 +135,10 @@ mut src/actuator/restart.rs "    if let Err(no) = readiness.may_restart().await 
     }
     within_bound(readiness, &request, wrote).map_err(|e| pending(e.into()))?;" ""
 mut src/actuator/restart.rs "    within_bound(readiness, &request, false).map_err(|e| pending(e.into()))?;" ""
-
 mut src/actuator/restart.rs "    // Not even the request fits before the bound: nothing is written." "    if let Err(no) = readiness.may_restart().await {
         return Err(pending(no.context(format!(\"restarting {}: not allowed now\", request.what))));
-    }"run "11 the look before the write, no bound after it (issue 55)"; fi
+    }"
+run "11 the look before the write, no bound after it (issue 55)"; fi
 if [[ $only == *" 10 "* ]]; then
 mut src/pressure.rs "        let mut up = dir.parent();" "        let mut up: Option<&Path> = None;"
 run "10 a limit on an ancestor cgroup ignored"; fi
