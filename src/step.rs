@@ -994,6 +994,87 @@ mod tests {
         assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring));
     }
 
+    /// One rule for every restart (issue 55), forward: a request that could reach k3s
+    /// only after the Lease's safe bound (renewals stopped at the start; the bus slow)
+    /// is not sent; the step fails with k3s untouched at `from`.
+    #[test]
+    fn a_forward_restart_that_could_land_after_the_leases_bound_is_not_sent() {
+        let log = Log::default();
+        let mut a = FakeActuator { request_takes: Duration::from_secs(50), ..FakeActuator::at(Level::ControlPlane) }
+            .logging_to(&log);
+        let c = FakeCluster { renewals_fail_after: Some(Duration::from_secs(45)), ..FakeCluster::logging_to(&log) };
+        let k = keeper();
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane, "{error:#}");
+        assert!(format!("{error:#}").contains("was not asked for"), "{error:#}");
+        assert!(a.restarts.borrow().is_empty(), "nothing restarted");
+        assert_eq!((k.level(), k.record().step), (Level::ControlPlane, None), "settled at from");
+    }
+
+    /// One rule for every restart (issue 55), the undoing of a failed restart: the
+    /// restart into etcd-only went out at once, k3s never became healthy in 20 s, and
+    /// the restart back is sent while it fits before the Lease's safe bound (40 s
+    /// after the start, no renewal landing); with 15-s requests it could land only at
+    /// 50 s: not sent, the undoing left pending.
+    #[test]
+    fn an_undoing_that_could_land_after_the_leases_bound_is_not_sent() {
+        let log = Log::default();
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            fail: true,
+            undoes: true,
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(20))
+        };
+        let c = FakeCluster { renewals_fail_after: Some(Duration::from_secs(40)), ..FakeCluster::logging_to(&log) };
+        let k = keeper();
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::ControlPlane, "restored: {error:#}");
+        let restarts: Vec<Level> = a.restarts.borrow().iter().map(|r| r.0).collect();
+        assert_eq!(restarts, [Level::EtcdOnly, Level::ControlPlane], "back within the bound: sent");
+        // 15-s requests: forward out by 15 s, failed at 35 s, back could land at 50 s.
+        let mut a = FakeActuator {
+            reports: &[Phase::Writing, Phase::Restarting],
+            fail: true,
+            undoes: true,
+            request_takes: Duration::from_secs(15),
+            ..FakeActuator::at(Level::ControlPlane).logging_to(&log).taking(Duration::from_secs(20))
+        };
+        let k = keeper();
+        let out = block_on_paused(run(&DOWN, &mut a, &c, &Gate::logging_to(&log), &LevelsConfig::default(), &k));
+        let Outcome::Failed { level, error } = &out else { panic!("{out:?}") };
+        assert_eq!(*level, Level::EtcdOnly, "{error:#}");
+        assert!(format!("{error:#}").contains("was not asked for"), "{error:#}");
+        let restarts: Vec<Level> = a.restarts.borrow().iter().map(|r| r.0).collect();
+        assert_eq!(restarts, [Level::EtcdOnly], "nothing restarted back");
+        assert_eq!(k.record().step.map(|s| s.phase), Some(Phase::Restoring), "left for the resume path");
+    }
+
+    /// One rule for every restart (issue 55), a resumed step: its restart goes
+    /// through the same function and is not sent past the Lease's bound.
+    #[test]
+    fn a_resumed_steps_restart_that_could_land_after_the_leases_bound_is_not_sent() {
+        let log = Log::default();
+        let mut a = FakeActuator { request_takes: Duration::from_secs(50), ..FakeActuator::at(Level::ControlPlane) }
+            .logging_to(&log);
+        let c = FakeCluster { renewals_fail_after: Some(Duration::from_secs(45)), ..FakeCluster::logging_to(&log) };
+        let k = keeper();
+        let levels = LevelsConfig::default();
+        let out = block_on_paused(super::resume(
+            &DOWN,
+            &mut a,
+            &c,
+            &Gate::logging_to(&log),
+            &levels,
+            &k,
+            &StepClock::start(),
+        ));
+        let Outcome::Failed { error, .. } = &out else { panic!("{out:?}") };
+        assert!(format!("{error:#}").contains("was not asked for"), "{error:#}");
+        assert!(a.restarts.borrow().is_empty(), "nothing restarted");
+    }
+
     /// The review's proof (issue 55): a step control-plane -> etcd-only is cut by its
     /// deadline (600 s) at phase `restarting` while renewals stopped landing (the
     /// Lease surely ours until 605 s; another server may take it from 625 s). Its

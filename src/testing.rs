@@ -55,6 +55,10 @@ pub struct FakeActuator {
     /// How long each restart's request takes to reach the manager (its bound for the
     /// Lease, `restart::Request::timeout`): a slow bus.
     pub request_takes: Duration,
+    /// A failed restart is undone as the real actuators undo it: its restart back
+    /// through the one function that sends restarts (`restart::send`, back), and
+    /// left pending when that cannot go now. Otherwise `fail` only says it restored.
+    pub undoes: bool,
     /// Each restart that reached k3s: into which level, and when (tokio's clock).
     pub restarts: Rc<RefCell<Vec<(Level, tokio::time::Instant)>>>,
     /// This many `apply_level` calls from now never return (shared: the test counts
@@ -72,6 +76,7 @@ impl FakeActuator {
             reports: &[],
             fail_roll_back: false,
             request_takes: Duration::ZERO,
+            undoes: false,
             restarts: Rc::default(),
             hangs: Rc::new(Cell::new(0)),
             log: Log::default(),
@@ -147,7 +152,13 @@ impl Actuator for FakeActuator {
         }
         self.log.push(format!("apply {level}"));
         if self.fail {
-            anyhow::bail!("restart never became healthy; restored {}", self.level.get());
+            let (from, failed) = (self.level.get(), format!("the restart into {level} never became healthy"));
+            if self.undoes && restart {
+                if let Err(e) = self.request(readiness, Purpose::Back, from).await {
+                    return Err(crate::actuator::undo_pending(readiness, e, &failed, from));
+                }
+            }
+            anyhow::bail!("{failed}; restored {from}");
         }
         self.level.set(level);
         Ok(())
