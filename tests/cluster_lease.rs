@@ -132,6 +132,13 @@ fn held_refuses_expired_is_taken_over_and_renewal_keeps_it() {
         let t = |l: &Lease| l.spec.as_ref().unwrap().lease_transitions.unwrap();
         assert_eq!(t(&taken), t(&first) + 1);
 
+        // a, renewing again, finds it lost: surely ours no longer, with no bound at
+        // all (it was `now - safe_for`, which within that long of the machine's boot
+        // is no instant, and was read as "no bound"; issue 55).
+        let lost = a.lease.hold(&a.endpoints).await;
+        assert!(format!("{lost:#}").contains("lost Lease"), "{lost:#}");
+        assert_eq!(a.lease.safe_until(), None, "a lost Lease has no safe bound");
+
         // a's release now is a no-op: b holds it.
         a.lease.release(&a.endpoints).await;
         assert_eq!(get_lease(&h, "basic").await.metadata.resource_version, taken.metadata.resource_version);
