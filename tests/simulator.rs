@@ -659,7 +659,7 @@ impl Server {
             "state_file = {:?}\nlevel_record = {:?}\n[pressure]\n{pressure}meminfo = {:?}\n\
              sample_period = \"10s\"\nsustain = \"30s\"\ncooldown = \"60s\"\n\
              [levels]\nstep_timeout = \"4m10s\"\n[levels.control-plane]\ndrain = false\n[levels.etcd-only]\ndrain = false\n\
-             [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"1m\"\n\
+             [systemd]\nhealth_timeout = \"1m\"\nready_timeout = \"1m\"\n[etcd]\ncatch_up_timeout = \"2m\"\n\
              members_cache = {:?}\nhold_at_control_plane = false\n",
             dir.join("state.json"),
             dir.join("level.json"),
