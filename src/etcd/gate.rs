@@ -256,21 +256,25 @@ impl<A: AskEtcd> EtcdGate<A> {
         let local = local_answered.then_some(&from);
         let (statuses, mut slowest) = self.statuses(&list, me, local).await;
         let mut view = View { list, statuses, me };
-        // A local member that is not healthy itself (it sees no leader, or lags) may
-        // hold a member list the cluster has moved past (a member added or removed
-        // without it): the leader's list is the one judged then.
-        if local_answered && judge::is_back(&view, me, self.max_raft_lag).is_err() {
+        let this_down = !local_answered && local_refused && !matches!(view.status(me), Some(Ok(_)));
+        // A member list may be one the cluster has moved past (a member added or
+        // removed without it): the local member's when it is not healthy itself (it
+        // sees no leader, or lags), and another member's, which may be a follower that
+        // has not applied a member change yet. The leader's list is the one judged
+        // then (not needed for a member down: its restart is let through unjudged).
+        let unsure = !local_answered || judge::is_back(&view, me, self.max_raft_lag).is_err();
+        if unsure && !this_down {
             if let Some(newer) = self.leaders_list(&view).await.filter(|l| membership(l) != membership(&view.list)) {
                 tracing::info!(
-                    local = %from,
-                    "the local etcd member is not healthy and its member list differs from the leader's: judging the leader's"
+                    list_from = %from,
+                    "the member list came from a member that may be behind, and differs from the leader's: judging \
+                     the leader's"
                 );
                 let (statuses, again) = self.statuses(&newer, me, local).await;
                 view = View { list: newer, statuses, me };
                 slowest = slowest.slower(again);
             }
         }
-        let this_down = !local_answered && local_refused && !matches!(view.status(me), Some(Ok(_)));
         let times = LookTimes { list: list_took, list_from: from, slowest_status: slowest };
         Ok((Look { view, this_down }, times))
     }
@@ -502,5 +506,38 @@ mod tests {
         t.statuses.insert(url(2), status(2, 2));
         t.statuses.insert(url(3), status(3, 2));
         assert_eq!(gate(t).check().await.unwrap(), Cleared { me: 1, this_down: false });
+    }
+
+    /// Issue 55's suspicion: with the local member not answering, the member list was
+    /// taken from the first other member that answered, which may be a follower that
+    /// has not applied a member add yet. Member 2 (a follower) lists three; the leader
+    /// (3) lists four, the fourth added and not started. Judged by 2's list the
+    /// restart passed, and with this member down only 2 of 4 voters would be healthy.
+    /// Now the leader's list is judged whenever the list came from another member.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_list_from_another_member_is_checked_against_the_leaders() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = EtcdConfig { members_cache: dir.path().join("members.json"), ..EtcdConfig::default() };
+        let three: Vec<Member> = (1..=3).map(member).collect();
+        let mut learning = Table::default();
+        learning.lists.insert("https://127.0.0.1:2379".into(), list(1, three.clone()));
+        learning.statuses.insert("https://127.0.0.1:2379".into(), status(1, 3));
+        EtcdGate::with(learning, &cfg).unwrap().learn_members().await.unwrap();
+        let mut four = three.clone();
+        four.push(Member { id: 4, name: String::new(), client_urls: vec![], ..member(4) });
+        // The local endpoint does not answer; this member still answers its status at
+        // its client URL (so it is not down, and is judged).
+        let mut t = Table::default();
+        t.lists.insert(url(2), list(2, three));
+        t.lists.insert(url(3), list(3, four));
+        t.statuses.insert(url(1), status(1, 3));
+        t.statuses.insert(url(2), status(2, 3));
+        t.statuses.insert(url(3), status(3, 3));
+        match EtcdGate::with(t, &cfg).unwrap().check().await {
+            Err(GateError::Refused(EtcdRefusal::Member { member, reason })) => {
+                assert_eq!((member.id, reason.kind()), (4, "not-started"));
+            }
+            other => panic!("not refused for the fourth member: {other:?}"),
+        }
     }
 }
