@@ -54,6 +54,9 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: Option<&str>) -> io::R
     let dir = parent(path);
     fs::create_dir_all(dir)?;
     let (tmp, mut f) = create_temp(dir, path)?;
+    // Held until this process closes the file or dies: how another writer of the same
+    // path tells a live temporary from a dead one (see remove_stale_temporaries).
+    lock(&f, libc::LOCK_EX)?;
     let written = (|| {
         f.set_permissions(Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
@@ -79,10 +82,19 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: Option<&str>) -> io::R
     Ok(f)
 }
 
+/// How old an unlocked temporary must be before it is taken for a dead writer's: a
+/// writer locks its temporary right after creating it, and this leaves that moment
+/// (and any clock step) far behind.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes the temporaries of `path` that a writer left when it died mid-write (a
-/// crash, a power cut): those of a process that no longer runs, or written before
+/// crash, a power cut): those whose lock no process holds (the kernel lets go of it
+/// when the writer dies) and that are over a minute old, or that were written before
 /// this boot. Best effort: nothing reads them, they only take room. A live writer's
 /// temporary (another process writing the same path now) is left alone.
+///
+/// Not by `/proc/<pid>` (issue 55): under `ProtectProc=invisible` regrade.service does
+/// not see other processes, so a live `regrade record-start` or hand step looked dead.
 fn remove_stale_temporaries(dir: &Path, path: &Path) {
     let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { return };
     let Ok(entries) = fs::read_dir(dir) else { return };
@@ -99,9 +111,24 @@ fn remove_stale_temporaries(dir: &Path, path: &Path) {
             let mtime = e.metadata().and_then(|m| m.modified()).ok();
             matches!((mtime, *booted.get_or_insert_with(boot_time)), (Some(m), Some(b)) if m < b)
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() || before_boot() {
+        let old = || {
+            let age = e.metadata().and_then(|m| m.modified()).ok().and_then(|m| m.elapsed().ok());
+            age.is_some_and(|a| a >= STALE_AFTER)
+        };
+        let unlocked = File::open(e.path()).is_ok_and(|f| lock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok());
+        if unlocked && (old() || before_boot()) {
             let _ = fs::remove_file(e.path());
         }
+    }
+}
+
+/// `flock(2)` on `f`.
+fn lock(f: &File, how: libc::c_int) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this File owns; no memory is passed.
+    match unsafe { libc::flock(f.as_raw_fd(), how) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
 }
 
@@ -289,22 +316,46 @@ mod tests {
     fn a_dead_writers_temporaries_are_removed_by_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        // No process has this PID (past any pid_max); PID 1 always runs.
         let dead = dir.path().join(".f.4294967294-7.tmp");
-        let live = dir.path().join(".f.1-3.tmp");
+        let just_made = dir.path().join(".f.4294967294-8.tmp");
         let before_boot = dir.path().join(".f.1-4.tmp");
         let other = dir.path().join(".g.4294967294-7.tmp");
-        for s in [&dead, &live, &before_boot, &other] {
+        for s in [&dead, &just_made, &before_boot, &other] {
             fs::write(s, b"stale").unwrap();
         }
+        let ago = |secs| std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+        File::options().write(true).open(&dead).unwrap().set_modified(ago(120)).unwrap();
+        File::options().write(true).open(&other).unwrap().set_modified(ago(120)).unwrap();
         File::options().write(true).open(&before_boot).unwrap().set_modified(std::time::UNIX_EPOCH).unwrap();
         write_atomic(&p, b"new", 0o644, "t").unwrap();
         assert!(!dead.exists(), "a dead writer's temporary stays");
         assert!(!before_boot.exists(), "a temporary from before this boot stays");
-        assert!(live.exists() && other.exists(), "a live writer's, or another file's, temporary went");
+        assert!(just_made.exists(), "a temporary made a moment ago (its writer about to lock it) went");
+        assert!(other.exists(), "another file's temporary went");
         assert_eq!(temporary_writer(".f.12-0.tmp", ".f."), Some(12));
         assert_eq!(temporary_writer(".f.x-0.tmp", ".f."), None);
         assert_eq!(temporary_writer(".f.12.tmp", ".f."), None);
+    }
+
+    /// Issue 55's suspicion: under `ProtectProc=invisible` regrade.service sees no
+    /// other process in /proc, so a live writer (`regrade record-start`, a hand step)
+    /// looked dead and its temporary was removed under it. Now a temporary is judged
+    /// by its lock, which its writer holds whether or not its PID can be seen: here
+    /// one whose PID exists nowhere, old, and locked, is left alone.
+    #[test]
+    fn a_live_writers_temporary_stays_though_its_pid_cannot_be_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let live = dir.path().join(".f.4294967294-9.tmp");
+        fs::write(&live, b"half").unwrap();
+        let writer = File::options().write(true).open(&live).unwrap();
+        writer.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(600)).unwrap();
+        lock(&writer, libc::LOCK_EX).unwrap();
+        write_atomic(&p, b"new", 0o644, "t").unwrap();
+        assert!(live.exists(), "a live writer's temporary was removed");
+        drop(writer);
+        write_atomic(&p, b"newer", 0o644, "t").unwrap();
+        assert!(!live.exists(), "its writer gone (the lock with it), it stays");
     }
 
     #[test]
