@@ -17,7 +17,8 @@
 //!   member killed) refuses the connection, one that lags is behind the leader, and a
 //!   leader exists while a quorum is up;
 //! - k3s: its flags (the start record), the actuator's file (the drop-in), restarts that
-//!   take 2–30 s, or a hang of 10 min; in one seed of four one server's k3s refuses the
+//!   take 2–30 s, 30–55 s one in five, or a hang of 10 min; a kubelet that reports
+//!   Ready 20–55 s after k3s is back, one restart in four; in one seed of four one server's k3s refuses the
 //!   flags of etcd-only (a custom flag this k3s does not know) and crash-loops with
 //!   them for good;
 //! - memory: each server's own fixture PSI file, rewritten at random moments; in half
@@ -138,6 +139,9 @@ struct World {
     /// The Node stays NotReady although etcd serves (a kubelet that does not come
     /// back): readiness is not health.
     not_ready: Vec<bool>,
+    /// When each Node reports Ready again after its k3s's last restart: a kubelet
+    /// slow to report after a restart under pressure.
+    ready_at: Vec<Instant>,
     dropin: Vec<Level>,
     api_down: bool,
     /// Until when the API answers reads but no Lease renewal lands (writes time out):
@@ -179,7 +183,7 @@ impl World {
     }
     /// The Node is Ready: k3s serves and its kubelet reports.
     fn ready(&self, i: usize) -> bool {
-        !self.restarting(i) && !self.crash_looping(i) && !self.not_ready[i]
+        !self.restarting(i) && !self.crash_looping(i) && !self.not_ready[i] && Instant::now() >= self.ready_at[i]
     }
     /// How long a call on the system bus (or a slow etcd look) takes: mostly 50 ms,
     /// now and then seconds under the thrash. At most 3 s: the Lease's margin (a
@@ -488,7 +492,17 @@ impl SimK3s {
                 self.me
             ));
         }
-        let took = if w.rng.below(20) == 0 { Duration::from_secs(600) } else { w.rng.secs(2, 30) };
+        // Mostly 2–30 s; one in five slow, 30–55 s (under the health wait's minute);
+        // one in twenty hangs. The Node reports Ready when k3s is back, or, one time
+        // in four, 20–55 s later (the kubelet slow): with a member that lags, the
+        // step's waits then reach its deadline (a cut at `applied`, say).
+        let took = match w.rng.below(20) {
+            0 => Duration::from_secs(600),
+            1..=4 => w.rng.secs(30, 55),
+            _ => w.rng.secs(2, 30),
+        };
+        let kubelet = if w.rng.below(4) == 0 { w.rng.secs(20, 55) } else { Duration::ZERO };
+        w.ready_at[self.me] = Instant::now() + took + kubelet;
         let refused = if w.refuses[self.me] == Some(to) { ": it refuses these flags, and crash-loops" } else { "" };
         w.say(format!("server{} k3s restarts into {to} (takes {took:?}){refused}", self.me));
         w.running[self.me] = to;
@@ -770,6 +784,7 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
         went_down: vec![Instant::now(); servers],
         asked: vec![vec![Instant::now(); servers]; servers],
         not_ready: vec![false; servers],
+        ready_at: vec![Instant::now(); servers],
         dropin: vec![Level::Full; servers],
         api_down: false,
         renewals_stall_until: Instant::now(),
