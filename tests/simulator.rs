@@ -40,6 +40,10 @@
 //!   be taken over (`lease_safe_until`). Every restart goes through
 //!   `actuator::restart::send`, as the real actuators' do.
 //!
+//! - the step's deadline: one seed in three, 2m30s, shorter than the step's waits at
+//!   their bounds (which check-config refuses on a server), so that the deadline's
+//!   rollback is put under the faults at every phase.
+//!
 //! Not simulated (yet): drains and PDBs, clock offsets, a renewal that lands late, a
 //! member that hangs (its connection taken, no answer).
 //!
@@ -644,7 +648,7 @@ fn backend(i: usize, w: &Shared, cfg: &Config) -> Backend {
 }
 
 impl Server {
-    fn new(root: &Path, i: usize, cgroup: bool) -> Server {
+    fn new(root: &Path, i: usize, cgroup: bool, short_deadline: bool) -> Server {
         let dir = root.join(format!("server{i}"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("psi"), CALM).unwrap();
@@ -681,6 +685,14 @@ impl Server {
             dir.join("etcd-members.json"),
         ))
         .unwrap();
+        let mut cfg = cfg;
+        if short_deadline {
+            // Shorter than the step's waits at their bounds, which check-config refuses
+            // on a server: here so that the deadline's rollback (at every phase,
+            // `applied` among them) is put under the faults, whatever brings a
+            // deadline on a real server.
+            cfg.levels.step_timeout = regrade::units::HumanDuration(Duration::from_secs(150));
+        }
         srv.cfg = Rc::new(cfg);
         srv
     }
@@ -806,7 +818,10 @@ async fn run_seed(seed: u64, servers: usize, root: &Path) -> Outcome {
     }
     // Every other seed, server0 reads its memory from a cgroup whose parent's limit binds.
     let cgroup = seed % 4 < 2;
-    let mut s: Vec<Server> = (0..servers).map(|i| Server::new(root, i, cgroup && i == 0)).collect();
+    // One seed in three, steps whose deadline (2m30s) comes before their waits'
+    // bounds: the deadline path exercised.
+    let short_deadline = seed % 3 == 0;
+    let mut s: Vec<Server> = (0..servers).map(|i| Server::new(root, i, cgroup && i == 0, short_deadline)).collect();
     for (i, srv) in s.iter_mut().enumerate() {
         srv.start(i, &w);
     }

@@ -262,18 +262,20 @@ impl<A: AskEtcd> EtcdGate<A> {
         // sees no leader, or lags), and another member's, which may be a follower that
         // has not applied a member change yet. The leader's list is the one judged
         // then (not needed for a member down: its restart is let through unjudged).
+        // The statuses are asked again after the leader's list, so that the answers
+        // judged are the look's last part, not a round older than the act.
         let unsure = !local_answered || judge::is_back(&view, me, self.max_raft_lag).is_err();
-        if unsure && !this_down {
-            if let Some(newer) = self.leaders_list(&view).await.filter(|l| membership(l) != membership(&view.list)) {
+        if let Some(leaders) = if unsure && !this_down { self.leaders_list(&view).await } else { None } {
+            if membership(&leaders) != membership(&view.list) {
                 tracing::info!(
                     list_from = %from,
                     "the member list came from a member that may be behind, and differs from the leader's: judging \
                      the leader's"
                 );
-                let (statuses, again) = self.statuses(&newer, me, local).await;
-                view = View { list: newer, statuses, me };
-                slowest = slowest.slower(again);
             }
+            let (statuses, again) = self.statuses(&leaders, me, local).await;
+            view = View { list: leaders, statuses, me };
+            slowest = slowest.slower(again);
         }
         let times = LookTimes { list: list_took, list_from: from, slowest_status: slowest };
         Ok((Look { view, this_down }, times))
