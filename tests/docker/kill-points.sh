@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The kill-point matrix (tests/level_kill_points.rs) built with `docker`: regrade
+# The kill-point matrix (tests/testsuite/level_kill_points.rs) built with `docker`: regrade
 # SIGKILLed, and SIGKILLed then dockerd restarted, at each kill point of both
 # directions of a restart, against the Docker rig's real dockerd and a real
 # kube-apiserver. tests/run starts it beside the systemd rig's tests, which share no
@@ -13,5 +13,5 @@ cd "$here/../.."
 cache="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}"
 REGRADE_STATIC_BIN="${REGRADE_STATIC_BIN:-$(bash "$here/static.sh" | tail -n 1)}"
 export REGRADE_STATIC_BIN
-CARGO_TARGET_DIR="$cache/target-docker" cargo test --locked --features docker --test level_kill_points \
-  -- --nocapture --test-threads=1
+CARGO_TARGET_DIR="$cache/target-docker" cargo test --locked --features docker --test testsuite \
+  -- level_kill_points:: --nocapture --test-threads=1
