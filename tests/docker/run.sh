@@ -8,7 +8,9 @@
 #   - the Compose example brought up end to end with docker-compose (compose.sh).
 #   REGRADE_TEST_DOCKER=1 tests/docker/run.sh    (as root)
 # Extra arguments go to the test binary in place of its two modules' filters (e.g. a
-# test's name: docker_actuator::NAME).
+# test's name: docker_actuator::NAME). The test binary built with `docker` is
+# kill-points.sh's, in the cache's target directory: built once for both, and
+# target/debug/regrade stays the default build the other tests run.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here/../.."
@@ -20,7 +22,9 @@ echo "run.sh: static build and checks took $((SECONDS - t0)) s" >&2
 # The tests start the rig themselves (rig.sh up, once per process).
 filters=(docker_actuator:: docker_build::)
 [ $# = 0 ] || filters=("$@")
-REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" cargo test --locked --no-fail-fast --features docker \
+REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" \
+  CARGO_TARGET_DIR="${REGRADE_TEST_CACHE:-$HOME/.cache/regrade-tests}/target-docker" \
+  cargo test --locked --no-fail-fast --features docker \
   --test testsuite -- --test-threads=1 "${filters[@]}"
 REGRADE_TEST_DOCKER="${REGRADE_TEST_DOCKER:-1}" bash "$here/compose.sh"
 echo "run.sh: the Docker tests took $((SECONDS - t0)) s" >&2
