@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use clap::CommandFactory;
 
 // src/cli.rs refers to these; the build script compiles them itself. The path is
-// repeated from src/config.rs; tests/man_completions.rs checks the page names the same.
+// repeated from src/config.rs; tests/testsuite/man_completions.rs checks the page names the same.
 #[path = "src/level.rs"]
 #[allow(dead_code)]
 mod level;
@@ -18,7 +18,7 @@ mod config {
     pub const DEFAULT_PATH: &str = "/etc/regrade/regrade.toml";
 }
 /// A copy of `hand::StepTarget` (src/hand.rs runs steps, which a build script cannot
-/// compile); tests/man_completions.rs checks every subcommand and option of the real
+/// compile); tests/testsuite/man_completions.rs checks every subcommand and option of the real
 /// command line is in the pages.
 mod hand {
     use crate::level::Level;

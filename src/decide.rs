@@ -1,6 +1,6 @@
 //! The decision core (docs/behaviour.md, "Decision rules"). Pure: time is an input,
 //! nothing here does I/O, and it imports only value modules (`level`, `sample`): the
-//! import graph test (tests/import_graph.rs) fails otherwise.
+//! import graph test (tests/testsuite/import_graph.rs) fails otherwise.
 //!
 //! Each sample is classified as over, calm or neither; streaks start and end with it;
 //! a step is proposed when a streak has lasted `sustain` and `cooldown` has passed

@@ -47,7 +47,7 @@ pub fn step_by_hand(cfg: &Config, target: StepTarget) -> anyhow::Result<ExitCode
 }
 
 /// `step_by_hand` over a given backend, printing nothing: for the deterministic
-/// simulator (tests/simulator.rs).
+/// simulator (tests/testsuite/simulator.rs).
 #[cfg(any(test, feature = "testing"))]
 pub async fn step_by_hand_with(cfg: &Config, backend: Backend, target: StepTarget) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::new()?;

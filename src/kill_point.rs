@@ -1,6 +1,6 @@
 //! Test-only kill points: `REGRADE_TEST_KILL_AT=<point>` makes the process stop itself
 //! the first time it reaches the named point of a step, so the kill-point matrix test
-//! (tests/level_kill_points.rs) can stop regrade exactly there, the way a power cut or
+//! (tests/testsuite/level_kill_points.rs) can stop regrade exactly there, the way a power cut or
 //! the OOM killer would. Unset (always, outside tests) it costs one environment lookup
 //! per step effect or durable write, never per sample.
 //!
@@ -15,7 +15,7 @@
 //! `REGRADE_TEST_KILL_HOW=stop` makes the process SIGSTOP itself there instead of
 //! SIGKILL: its writes so far stay where the kernel has them (a guest's dirty page
 //! cache), so a test that cuts a virtual machine's power after the log line cuts
-//! exactly there (tests/vm_power_cuts.rs).
+//! exactly there (tests/testsuite/vm_power_cuts.rs).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -11,7 +11,7 @@ pub mod levels;
 pub mod sample;
 pub mod units;
 
-// The core: pure, imports only value modules (tests/import_graph.rs).
+// The core: pure, imports only value modules (tests/testsuite/import_graph.rs).
 pub mod decide;
 
 // The edges, each owning its configuration section.

@@ -329,7 +329,7 @@ impl Cluster for FakeCluster {
 }
 
 /// Stands in for the cluster's readiness wait in the actuator tests (the wait itself is
-/// tested against a real API server in tests/cluster_node.rs, and end to end): records
+/// tested against a real API server in tests/testsuite/cluster_node.rs, and end to end): records
 /// the restart time each wait was asked for, and each phase the actuator reported.
 #[derive(Default)]
 pub struct Readiness(pub RefCell<Vec<SystemTime>>, pub RefCell<Vec<Phase>>);

@@ -41,7 +41,7 @@ run() {
     return
   fi
   local t0=$(date +%s)
-  out=$(REGRADE_SIM_SEEDS=$seeds RUST_BACKTRACE=0 cargo test -q --test simulator 2>&1 || true)
+  out=$(REGRADE_SIM_SEEDS=$seeds RUST_BACKTRACE=0 cargo test -q --test testsuite simulator:: 2>&1 || true)
   first=$(echo "$out" | grep -oE "seed [0-9]+ \([0-9] servers\): .*VIOLATION [a-zA-Z ]+" | head -1 || true)
   [ -n "$first" ] || missed=$((missed + 1))
   echo "$name: ${first:-NOT FOUND in $seeds seeds} ($(( $(date +%s) - t0 )) s)"

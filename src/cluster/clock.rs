@@ -7,20 +7,36 @@
 //! header, read once per gate check), and a local clock further off the API server's
 //! than `cluster.max_clock_skew` refuses the step outright.
 //!
-//! `REGRADE_TEST_CLOCK_OFFSET` (whole seconds, may be negative) shifts this
-//! process's wall clock: a test-only seam, so a test can run one process with a
-//! skewed clock without changing the machine's.
+//! In test builds (feature `testing`), `set_test_offset` shifts the calling thread's
+//! wall clock: a test-only seam, so a test can run with a skewed clock without
+//! changing the machine's, beside other tests in the same process. Release builds
+//! have no seam.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-const OFFSET_VAR: &str = "REGRADE_TEST_CLOCK_OFFSET";
+#[cfg(feature = "testing")]
+thread_local! {
+    static TEST_OFFSET: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+/// Test builds only: this thread's wall clock shifted by `secs` (whole seconds, may be
+/// negative) from now on; 0 puts it back. A thread's own, so tests running beside it
+/// in the same process keep the true clock (the cluster code runs on the thread that
+/// drives its future: a current-thread runtime's).
+#[cfg(feature = "testing")]
+pub fn set_test_offset(secs: i64) {
+    TEST_OFFSET.with(|o| o.set(secs));
+}
 
 /// Read at every use (the cluster code reads the time a few times per step, never
 /// per sample), so one test can run with several offsets in turn.
 fn offset() -> SignedDuration {
-    let secs = std::env::var(OFFSET_VAR).ok().and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0);
+    #[cfg(feature = "testing")]
+    let secs = TEST_OFFSET.with(std::cell::Cell::get);
+    #[cfg(not(feature = "testing"))]
+    let secs = 0;
     SignedDuration::from_secs(secs)
 }
 

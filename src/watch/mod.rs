@@ -85,7 +85,7 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
 }
 
 /// The daemon loop over a given backend until `shutdown`, as `run` runs it: for the
-/// deterministic simulator (tests/simulator.rs), which gives each simulated server its
+/// deterministic simulator (tests/testsuite/simulator.rs), which gives each simulated server its
 /// own files and a simulated cluster, etcd and k3s.
 #[cfg(any(test, feature = "testing"))]
 pub async fn run_with(

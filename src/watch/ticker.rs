@@ -1,7 +1,7 @@
 //! The per-sample work of `watch`: sample, classify, update the core, tell systemd,
 //! publish the state when it changed; and feeding a step's outcome back. A calm sample
 //! allocates nothing and makes no API request (tests/alloc_per_sample.rs,
-//! tests/bench_idle_api.rs).
+//! tests/testsuite/bench_idle_api.rs).
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};

@@ -111,7 +111,7 @@ admin="$(head -n 1 "$work/harness.out")"
 # peer :2380) with TLS and client-certificate auth, as k3s runs etcd. The stand-in's
 # own etcd is one member, and a gate that judged it would rightly refuse every
 # restart of a lone voter (etcd-too-few-voters); this test is about the Docker path,
-# and the gate's judgement of the member k3s restarts is tested in tests/etcd_gate.rs
+# and the gate's judgement of the member k3s restarts is tested in tests/testsuite/etcd_gate.rs
 # and the three-server e2e test. regrade reads the certificates mounted at
 # /etc/regrade/etcd (compose.test.yaml).
 etcd_dir="$work/etcd"

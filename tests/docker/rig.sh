@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Docker rig for regrade's Docker tests (tests/docker_actuator.rs, compose.sh).
+# The Docker rig for regrade's Docker tests (tests/testsuite/docker_actuator.rs, compose.sh).
 #
 #   rig.sh up               install docker.io and docker-compose, start our own dockerd
 #                           if it is not running, build the static regrade

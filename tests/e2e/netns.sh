@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TEST RIG: the end-to-end test's network (tests/e2e_three_servers.rs). One network
+# TEST RIG: the end-to-end test's network (tests/testsuite/e2e_three_servers.rs). One network
 # namespace per server, so each k3s stand-in listens where k3s does (etcd on
 # 127.0.0.1:2379 and its own address, /health on 127.0.0.1:2381 only), and a hub
 # namespace with a bridge joining them, which the test itself enters to reach the

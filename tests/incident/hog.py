@@ -1,4 +1,4 @@
-# TEST CODE: the workload process of tests/incident_real_pressure.rs, run by the
+# TEST CODE: the workload process of tests/testsuite/incident_real_pressure.rs, run by the
 # kubelet stand-in (--exec-node server1) in server1's memory cgroup.
 #   hog.py FILE INITIAL_MIB GROW_MIB_PER_S CAP_MIB
 # Allocates INITIAL_MIB of anonymous memory (touched), then GROW_MIB_PER_S more every

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TEST RIG: builds (once) server1's disk image for the VM lane (tests/vm_incident.rs)
+# TEST RIG: builds (once) server1's disk image for the VM lane (tests/testsuite/vm_incident.rs)
 # from the cached nspawn rootfs (tests/nspawn/rootfs.sh), in a cache outside the repo.
 #
 # The image is a Debian 12 install as a small k3s server would have it: Debian's
@@ -9,7 +9,7 @@
 # test's command channel); the stand-ins' units (tests/vm/guest), and regrade's units
 # installed from packaging/systemd as a user installs them (every k3s.service and
 # system.slice drop-in there too). Binaries and this run's configuration are not in
-# it: they come on a second disk, the seed (tests/vm_incident.rs), linked from
+# it: they come on a second disk, the seed (tests/testsuite/vm_incident.rs), linked from
 # /usr/local/bin. A 600 MiB file of random bytes, the workload's data, is.
 #
 # Keyed by its inputs (the rootfs, the package list, every file copied in, this

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TEST RIG: the VM lane's network (tests/vm_incident.rs). As tests/e2e/netns.sh, with
+# TEST RIG: the VM lane's network (tests/testsuite/vm_incident.rs). As tests/e2e/netns.sh, with
 # names of its own so the lane can run beside the e2e test: a hub namespace with the
 # bridge br-vm (10.213.7.1/24) that the test enters, server2 and server3 in namespaces
 # of their own on veths (10.213.7.12, .13), and the tap tap-vm1 on the bridge for

@@ -13,7 +13,7 @@
 # k3s.service between the k3s process (etcd embedded) and its kube-apiserver, and the
 # kernel's kswapd threads' (the host's own reclaim, in no unit); etcd: server1's /health on 127.0.0.1:2381
 # answered "true" within 0.8 s. A cgroup not there (yet) reads "-".
-# Beside it, server1's etcd member for tests/incident/member.rs: every 250 ms
+# Beside it, server1's etcd member for tests/testsuite/incident/member.rs: every 250 ms
 #   H t=<guest unix time> ok=<1|0>       its /health answered "true" within 0.8 s
 # and every 2 s its metrics listener's histograms and counters the table uses:
 #   M <metric lines, tab-separated>
