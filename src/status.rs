@@ -64,8 +64,9 @@ pub struct Status {
     pub etcd: EtcdStatus,
     /// The last drain on this server, as its process published it.
     pub drain: Option<DrainStatus>,
-    /// The local etcd member's own view (`etcd.metrics_url`): `watch`'s last look, or,
-    /// with no `watch` running, one look now (health only: a p99 needs two looks).
+    /// The local etcd member's own view (`etcd.metrics_url`): `watch`'s last look if it
+    /// is recent (`watch` looks only while pressed), else one look now (health only: a
+    /// p99 needs two looks).
     pub etcd_member: Option<crate::etcd::member::MemberView>,
     /// Which static protections of k3s are in place on this host.
     pub protections: Vec<crate::actuator::systemd::protections::Finding>,
@@ -175,7 +176,10 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             },
             Err(e) => EtcdStatus { members: Vec::new(), error: Some(format!("{e:#}")) },
         };
-        let etcd_member = match (crate::etcd::member::read_live(&cfg.state_file), cfg.etcd.metrics_url()) {
+        // watch looks only while pressed: calm, its last look may be hours old.
+        let max_age = cfg.etcd.member_look_max_age().as_secs_f64();
+        let watchs = crate::etcd::member::read_live(&cfg.state_file).filter(|v| now - v.at <= max_age);
+        let etcd_member = match (watchs, cfg.etcd.metrics_url()) {
             (Some(v), _) => Some(v),
             (None, Some(Ok(url))) => Some(crate::etcd::member::look(&url, cfg.etcd.request_timeout.0, None).await.0),
             (None, _) => None,

@@ -11,6 +11,10 @@ use anyhow::Context;
 
 use super::{monotonic_ns, MaxSampleAge, Metrics};
 
+/// Called before `/metrics` is rendered: `watch` looks at what it looks at only
+/// under pressure, so a scrape asks for a look (bounded; see `watch::looks`).
+pub type OnScrape = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Connections handed to hyper at once: each has sent a whole request head. At the
 /// cap, a newly handed one closes the oldest one that is not being answered.
 const MAX_CONNECTIONS: usize = 32;
@@ -186,6 +190,16 @@ impl Drop for Release {
 ///
 /// `/healthz` is 200 while a good sample is younger than `max_sample_age`.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics, max_sample_age: MaxSampleAge) {
+    serve_asking(listener, metrics, max_sample_age, None).await
+}
+
+/// [`serve`], calling `on_scrape` before each `/metrics` is rendered.
+pub async fn serve_asking(
+    listener: tokio::net::TcpListener,
+    metrics: &'static Metrics,
+    max_sample_age: MaxSampleAge,
+    on_scrape: Option<OnScrape>,
+) {
     let waiting = Slots::new(MAX_WAITING);
     let served = Slots::new(MAX_CONNECTIONS);
     loop {
@@ -201,6 +215,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let Some((slot, release)) = waiting.admit(fd, |_| Some(0)) else { continue };
         let served = served.clone();
+        let on_scrape = on_scrape.clone();
         tokio::spawn(async move {
             let head = tokio::select! {
                 head = whole_head(&stream) => head,
@@ -217,7 +232,7 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: &'static Metrics,
             };
             // A task of its own: a waiter's task stays as small as waiting needs.
             tokio::spawn(async move {
-                connection(stream, slot, metrics, max_sample_age).await;
+                connection(stream, slot, metrics, max_sample_age, on_scrape).await;
                 drop(release);
             });
         });
@@ -229,12 +244,20 @@ async fn connection(
     slot: Arc<Slot>,
     metrics: &'static Metrics,
     max_sample_age: MaxSampleAge,
+    on_scrape: Option<OnScrape>,
 ) {
     let answering = slot.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         answering.answering_since.store(monotonic_ns(), Relaxed);
-        let r = respond(&req, metrics, max_sample_age, answering.clone());
-        std::future::ready(Ok::<_, std::convert::Infallible>(r))
+        let (answering, on_scrape) = (answering.clone(), on_scrape.clone());
+        async move {
+            let scrape =
+                matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD) && req.uri().path() == "/metrics";
+            if let (true, Some(ask)) = (scrape, on_scrape) {
+                ask().await;
+            }
+            Ok::<_, std::convert::Infallible>(respond(&req, metrics, max_sample_age, answering))
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -363,6 +386,35 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    /// A scrape of `/metrics` asks (`watch` looks then, not on a timer) and is answered
+    /// after what it asked for; `/healthz` asks nothing.
+    #[test]
+    fn a_scrape_asks_before_it_is_answered_and_healthz_does_not() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let m = calm_metrics();
+            let asked = Arc::new(AtomicU64::new(0));
+            let counted = asked.clone();
+            let on_scrape: OnScrape = Arc::new(move || {
+                let counted = counted.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    counted.fetch_add(1, Relaxed);
+                })
+            });
+            let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(serve_asking(listener, m, ages(Duration::from_secs(60)), Some(on_scrape)));
+            let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let r = request(addr, &get("/healthz")).await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+            assert_eq!(asked.load(Relaxed), 0, "/healthz asks nothing");
+            let r = request(addr, &get("/metrics")).await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+            assert_eq!(asked.load(Relaxed), 1, "answered after the ask was done");
+        });
     }
 
     #[test]

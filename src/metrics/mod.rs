@@ -23,7 +23,7 @@ use crate::level::Level;
 use crate::sample::{Metric, Pacing, Sample};
 
 mod listener;
-pub use listener::{bind, serve};
+pub use listener::{bind, serve, serve_asking, OnScrape};
 
 /// `[metrics]`
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
