@@ -23,7 +23,9 @@ use crate::level::Level;
 use crate::sample::{Metric, Pacing, Sample};
 
 mod listener;
+mod units;
 pub use listener::{bind, serve, serve_asking, OnScrape};
+pub use units::UnitsLook;
 
 /// `[metrics]`
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -111,6 +113,8 @@ pub struct Metrics {
     pacing: AtomicU8,
     /// The local etcd member as its metrics listener showed it (`etcd::member`).
     etcd_member: EtcdMemberMetrics,
+    /// The host's units: the largest, the one growing (`census`).
+    units: units::UnitsMetrics,
 }
 
 /// The last look at the local etcd member; NaN for what is not known.
@@ -191,7 +195,13 @@ impl Metrics {
                 leader_changes: AtomicU64::new(0),
                 looks: AtomicU64::new(0),
             },
+            units: units::UnitsMetrics::new(),
         }
+    }
+
+    /// A census of the host's units (`census::Reader`, under pressure or when asked).
+    pub fn units_read(&self, look: UnitsLook) {
+        self.units.read(look);
     }
 
     /// A look at the local etcd member (its own task, every `etcd.metrics_interval`).
@@ -387,6 +397,7 @@ impl Metrics {
         writeln!(o, "regrade_lease_held {}", u8::from(self.lease_held.load(Relaxed)))?;
 
         self.render_etcd_member(o)?;
+        self.units.render(o)?;
 
         // No step yet: no sample (a 1970 timestamp would read as "long ago").
         let last = self.last_step.get();

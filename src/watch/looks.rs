@@ -1,5 +1,5 @@
 //! What `watch` looks at beside its samples: the local etcd member
-//! (`etcd::member::Looker`). Not on a timer while calm: a look every
+//! (`etcd::member::Looker`) and the host's units (`census::Reader`). Not on a timer while calm: a look every
 //! `etcd.metrics_interval` only while `watch` is pressed — not resting on the PSI
 //! trigger (`Pacer::resting`: pressure, a fire within the hold, a level below the
 //! top, something pending) — and one when a scrape asks, unless the last is younger
@@ -28,10 +28,16 @@ use crate::etcd::member;
 /// One round of looking.
 pub struct Looking {
     pub member: Option<member::Looker>,
+    /// The host's units (`census.slice`'s children): whose memory grows.
+    pub units: Option<crate::census::Reader>,
 }
 
 impl Looking {
     async fn round(&mut self) {
+        // The units first: local files, read in a few hundred µs.
+        if let Some(u) = &mut self.units {
+            u.read_and_publish();
+        }
         if let Some(m) = &mut self.member {
             m.look_and_publish().await;
         }

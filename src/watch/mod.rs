@@ -89,14 +89,15 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
 }
 
 /// The looking task `watch` runs beside its samples (`looks`): the local etcd member,
-/// if `etcd.metrics_url` is set.
+/// if `etcd.metrics_url` is set, and the host's units, if `census.slice` is.
 fn looks_for(cfg: &Config, mode: Mode) -> anyhow::Result<looks::Looks> {
     let state_file = (mode == Mode::Act).then(|| cfg.state_file.clone());
     let member = match cfg.etcd.metrics_url() {
-        Some(url) => Some(crate::etcd::member::Looker::new(url?, cfg.etcd.request_timeout.0, state_file)),
+        Some(url) => Some(crate::etcd::member::Looker::new(url?, cfg.etcd.request_timeout.0, state_file.clone())),
         None => None,
     };
-    Ok(looks::Looks::spawn(cfg.etcd.metrics_interval.0, looks::Looking { member }))
+    let units = cfg.census.slice().map(|s| crate::census::Reader::new(s.to_path_buf(), state_file));
+    Ok(looks::Looks::spawn(cfg.etcd.metrics_interval.0, looks::Looking { member, units }))
 }
 
 /// The daemon loop over a given backend until `shutdown`, as `run` runs it: for the
@@ -321,6 +322,9 @@ impl<'a> Watcher<'a> {
     /// lock, and only from the record this process holds: if another process wrote
     /// the record meanwhile, the proposal is stale and the loop decides again first.
     async fn step(&mut self, t: Duration, step: &Step, clock: &StepClock) {
+        if let Some(whose) = crate::census::recent_summary(self.cfg.etcd.member_look_max_age()) {
+            tracing::info!(from = %step.from, to = %step.to, "whose memory, as the step is decided: {whose}");
+        }
         // The step first, then the hold: the switch-time check writes its hold first,
         // then reads this, so one of the two always sees the other.
         self.ticker.set_stepping(Some(step.to));
