@@ -282,8 +282,8 @@ pub async fn health(url: &HealthUrl, timeout: Duration) -> (Option<bool>, String
 }
 
 /// Looks at the member and publishes each look to [`MEMBER`], the metrics and
-/// (unless `state_file` is `None`, a dry run) the file `status` reads; the file is
-/// written only when what it says changed. `watch` asks it for a look only while it
+/// (unless `state_file` is `None`, a dry run) the file `status` reads, at every look
+/// (its `at` tells `status` whether it is fresh). `watch` asks it for a look only while it
 /// is pressed, or when a scrape asks (`watch::looks`): calm, it is not woken.
 pub struct Looker {
     url: HealthUrl,
@@ -308,7 +308,7 @@ impl Looker {
         crate::metrics::METRICS.etcd_member_looked(view.metrics_look());
         let changed = self.published.as_ref().is_none_or(|p| MemberView { at: p.at, ..view.clone() } != *p);
         view.at = crate::statefile::unix(SystemTime::now());
-        if let (true, Some(state_file)) = (changed, &self.state_file) {
+        if let Some(state_file) = &self.state_file {
             let path = path_for(state_file);
             let written = serde_json::to_vec_pretty(&view)
                 .map_err(std::io::Error::other)
@@ -453,6 +453,24 @@ go_goroutines 120
         let gone = HealthUrl::parse("etcd.metrics_url", "http://127.0.0.1:1/metrics").unwrap();
         let (v, s) = look(&gone, t, None).await;
         assert!(v.healthy.is_none() && s.is_none() && v.metrics_error.is_some(), "{v:?}");
+    }
+
+    /// Every look is published with its time, also one that says what the one before
+    /// said: `status` trusts `watch`'s look only while it is fresh, and looks itself
+    /// otherwise.
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_look_is_published_with_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_file = dir.path().join("state.json");
+        let url = listener("{\"health\":\"true\"}", std::sync::Arc::new(Mutex::new(TEXT.to_string()))).await;
+        let mut looker = Looker::new(url, Duration::from_secs(2), Some(state_file.clone()));
+        looker.look_and_publish().await;
+        let first = read_live(&state_file).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        looker.look_and_publish().await;
+        let second = read_live(&state_file).unwrap();
+        assert_eq!(second.healthy, Some(true));
+        assert!(second.at > first.at, "{} then {}", first.at, second.at);
     }
 
     #[tokio::test(flavor = "current_thread")]
