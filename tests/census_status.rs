@@ -68,7 +68,8 @@ fn status_names_the_unit_growing_and_the_largest() {
     let text = status(&config, false);
     let line = text.lines().find(|l| l.starts_with("host memory:")).unwrap_or_else(|| panic!("{text}"));
     assert!(
-        line.starts_with("host memory:    leaky-backup.service: 1.35 GiB, growing 16 MiB/s")
+        line.starts_with("host memory:    leaky-backup.service: 1.35 GiB, growing 1")
+            && line.contains(" MiB/s")
             && line.ends_with("; largest k3s.service: 1.50 GiB"),
         "{line}"
     );
@@ -77,7 +78,8 @@ fn status_names_the_unit_growing_and_the_largest() {
     assert_eq!(units[0]["unit"], "k3s.service", "largest first");
     assert_eq!(units[1]["unit"], "leaky-backup.service");
     let rate = units[1]["growth"].as_f64().unwrap() / MIB as f64;
-    assert!((15.0..17.0).contains(&rate), "{rate} MiB/s");
+    // 160 MiB over the 10 s since, and however long status took to start.
+    assert!((10.0..17.0).contains(&rate), "{rate} MiB/s");
     assert_eq!(units[1]["some_avg10"], 12.0);
     assert!(units[0]["growth"].as_f64().unwrap().abs() < 1.0, "k3s did not grow");
 }
@@ -109,6 +111,9 @@ fn watch_under_pressure_logs_the_unit_that_grows() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // k3s larger than the backup can grow to within the test's bound, so the line
+    // names it as the largest beside the one growing, whenever watch's round comes.
+    std::fs::write(dir.path().join("system.slice/k3s.service/memory.current"), format!("{}\n", 8192 * MIB)).unwrap();
     // The backup grows 8 MiB every 100 ms until the log names it.
     let leaky = dir.path().join("system.slice/leaky-backup.service/memory.current");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -153,8 +158,8 @@ fn watch_under_pressure_logs_the_unit_that_grows() {
     assert!(
         found.contains("leaky-backup.service: 1.")
             && found.contains("growing")
-            && found.contains("largest k3s.service"),
+            && found.contains("largest k3s.service: 8.00 GiB"),
         "{found}"
     );
-    assert!(!found.contains("k3s.service: 1.50 GiB, growing"), "{found}");
+    assert!(!found.contains("k3s.service: 8.00 GiB, growing"), "{found}");
 }
