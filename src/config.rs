@@ -42,6 +42,8 @@ pub struct Config {
     #[cfg(feature = "docker")]
     pub docker: crate::actuator::docker::DockerConfig,
     pub metrics: crate::metrics::MetricsConfig,
+    /// `[census]`: whose memory it is (the host's units, under pressure).
+    pub census: crate::census::CensusConfig,
 }
 
 impl Default for Config {
@@ -58,6 +60,7 @@ impl Default for Config {
             #[cfg(feature = "docker")]
             docker: Default::default(),
             metrics: Default::default(),
+            census: Default::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod decide;
 
 // The edges, each owning its configuration section.
 pub mod actuator;
+pub mod census;
 pub mod cluster;
 pub mod etcd;
 pub mod fsutil;

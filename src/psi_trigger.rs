@@ -320,6 +320,9 @@ pub struct Pacer {
     rearm_every: Duration,
     /// When the next try is due, while the trigger is lost.
     rearm_at: Option<tokio::time::Instant>,
+    /// The last sample was calm at the top, past the hold after a fire: where `watch`
+    /// sleeps on the trigger, if it has one (see [`Pacer::resting`]).
+    resting: bool,
 }
 
 /// The trigger waits for POLLPRI; POLLERR and POLLHUP (which epoll always reports)
@@ -386,6 +389,7 @@ impl Pacer {
             rearm: None,
             rearm_every: REARM_EVERY,
             rearm_at: None,
+            resting: false,
         })
     }
 
@@ -429,13 +433,22 @@ impl Pacer {
         self.trigger.is_some()
     }
 
+    /// Calm at the top at the last sample, and no fire within the hold: what `watch`
+    /// sleeps on the trigger for, with or without one. Not resting (pressure, a
+    /// level below the top, a fire just now, nothing sampled yet) is when `watch`
+    /// looks at the etcd member and the host's units (`watch::looks`).
+    pub fn resting(&self) -> bool {
+        self.resting
+    }
+
     /// After each sample: `calm_at_top` says the core is calm at the top level with no
     /// streak that could lead to a step. Returns the new mode when it changes.
     pub fn after_sample(&mut self, calm_at_top: bool) -> Option<Pacing> {
         let now = tokio::time::Instant::now();
         self.try_rearm(now);
         let held = self.last_fire.is_none_or(|f| now.duration_since(f) >= self.hold);
-        let want = if calm_at_top && held && self.trigger.is_some() { Pacing::Trigger } else { Pacing::Polling };
+        self.resting = calm_at_top && held;
+        let want = if self.resting && self.trigger.is_some() { Pacing::Trigger } else { Pacing::Polling };
         if want == self.mode {
             return None;
         }

@@ -64,11 +64,17 @@ pub struct Status {
     pub etcd: EtcdStatus,
     /// The last drain on this server, as its process published it.
     pub drain: Option<DrainStatus>,
-    /// The local etcd member's own view (`etcd.metrics_url`): `watch`'s last look, or,
-    /// with no `watch` running, one look now (health only: a p99 needs two looks).
+    /// The local etcd member's own view (`etcd.metrics_url`): `watch`'s last look if it
+    /// is recent (`watch` looks only while pressed), else one look now (health only: a
+    /// p99 needs two looks).
     pub etcd_member: Option<crate::etcd::member::MemberView>,
     /// Which static protections of k3s are in place on this host.
     pub protections: Vec<crate::actuator::systemd::protections::Finding>,
+    /// Whose memory it is: `census.slice`'s children now, largest first, growth judged
+    /// against `watch`'s last census or, with none, a reading a second before.
+    pub units: Option<crate::census::Census>,
+    /// Why they could not be read (cgroup v1, no such slice).
+    pub units_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -175,12 +181,22 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             },
             Err(e) => EtcdStatus { members: Vec::new(), error: Some(format!("{e:#}")) },
         };
-        let etcd_member = match (crate::etcd::member::read_live(&cfg.state_file), cfg.etcd.metrics_url()) {
+        // watch looks only while pressed: calm, its last look may be hours old.
+        let max_age = cfg.etcd.member_look_max_age().as_secs_f64();
+        let watchs = crate::etcd::member::read_live(&cfg.state_file).filter(|v| now - v.at <= max_age);
+        let etcd_member = match (watchs, cfg.etcd.metrics_url()) {
             (Some(v), _) => Some(v),
             (None, Some(Ok(url))) => Some(crate::etcd::member::look(&url, cfg.etcd.request_timeout.0, None).await.0),
             (None, _) => None,
         };
         let protections = backend::protections(cfg).await;
+        let (units, units_error) = match cfg.census.slice() {
+            Some(slice) => match census_now(slice, &cfg.state_file).await {
+                Ok(c) => (Some(c), None),
+                Err(e) => (None, Some(format!("{e:#}"))),
+            },
+            None => (None, None),
+        };
         Status {
             level,
             metric: settings.metric.as_str(),
@@ -214,6 +230,8 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
                 .map(|p| DrainStatus { writer_gone: p.running && !p.is_live(), published: p }),
             etcd_member,
             protections,
+            units,
+            units_error,
         }
     });
     if json {
@@ -222,6 +240,21 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
         print!("{}", render(&status, statefile::unix(SystemTime::now())));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The host's units now, growth judged against `watch`'s last census (it reads them
+/// only under pressure) or, with none, against a reading one second before.
+async fn census_now(slice: &std::path::Path, state_file: &std::path::Path) -> anyhow::Result<crate::census::Census> {
+    use crate::census::{self, Census};
+    let earlier = match census::read_live(state_file) {
+        Some(c) => c,
+        None => {
+            let c = Census::read(slice, SystemTime::now(), None)?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            c
+        }
+    };
+    Census::read(slice, SystemTime::now(), Some(&earlier))
 }
 
 /// Asks the cluster, read only, what would refuse `step`. Unreachable: says so.
@@ -338,6 +371,11 @@ pub fn render(s: &Status, now: f64) -> String {
     }
     if let Some(m) = &s.etcd_member {
         o += &format!("this member:    {}\n", m.summary());
+    }
+    match (&s.units, &s.units_error) {
+        (Some(c), _) => o += &format!("host memory:    {}\n", c.summary()),
+        (None, Some(e)) => o += &format!("host memory:    not read: {e}\n"),
+        (None, None) => {}
     }
     for (i, p) in s.protections.iter().enumerate() {
         let head = if i == 0 { "protections:" } else { "" };

@@ -4,10 +4,12 @@
 //! commit durations (p99 over the last interval, from the histograms' bucket deltas),
 //! heartbeat send failures, slow applies and leader changes.
 //!
-//! A task of its own ([`run`]) looks every `etcd.metrics_interval`, each request bounded
-//! by `etcd.request_timeout`, and publishes the result to [`MEMBER`] (for the step into
-//! `etcd-only`, the metrics) and to `etcd-member.json` beside the state file (for
-//! `status`): nothing on the per-sample path waits for etcd. The parser keeps only the
+//! A [`Looker`] looks, each request bounded by `etcd.request_timeout`, and publishes
+//! the result to [`MEMBER`] (for the step into `etcd-only`, the metrics) and to
+//! `etcd-member.json` beside the state file (for `status`). In `watch` it runs in a
+//! task of its own (`watch::looks`), every `etcd.metrics_interval` only while `watch`
+//! is pressed, and when a scrape asks: nothing on the per-sample path waits for etcd,
+//! and calm costs nothing. The parser keeps only the
 //! handful of series it needs, in fixed arrays.
 
 use std::path::{Path, PathBuf};
@@ -209,7 +211,7 @@ impl MemberView {
 }
 
 /// The last look, for the step into `etcd-only` (with when it was taken, on tokio's
-/// clock) and for the metrics. Written by [`run`] only.
+/// clock) and for the metrics. Written by [`Looker`] only.
 pub static MEMBER: Mutex<Option<(tokio::time::Instant, MemberView)>> = Mutex::new(None);
 
 /// The member's signals if the last look is younger than `max_age`; an older one is
@@ -279,24 +281,34 @@ pub async fn health(url: &HealthUrl, timeout: Duration) -> (Option<bool>, String
     }
 }
 
-/// Looks every `interval` for as long as `watch` runs, publishing each look to
-/// [`MEMBER`], the metrics and (unless `state_file` is `None`, a dry run) the file
-/// `status` reads. The file is written only when what it says changed.
-pub async fn run(url: HealthUrl, interval: Duration, timeout: Duration, state_file: Option<PathBuf>) {
-    let mut earlier: Option<Scrape> = None;
-    let mut published: Option<MemberView> = None;
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let (mut view, scrape) = look(&url, timeout, earlier.as_ref()).await;
+/// Looks at the member and publishes each look to [`MEMBER`], the metrics and
+/// (unless `state_file` is `None`, a dry run) the file `status` reads, at every look
+/// (its `at` tells `status` whether it is fresh). `watch` asks it for a look only while it
+/// is pressed, or when a scrape asks (`watch::looks`): calm, it is not woken.
+pub struct Looker {
+    url: HealthUrl,
+    timeout: Duration,
+    state_file: Option<PathBuf>,
+    /// The scrape of the look before, for the interval's deltas.
+    earlier: Option<Scrape>,
+    published: Option<MemberView>,
+}
+
+impl Looker {
+    pub fn new(url: HealthUrl, timeout: Duration, state_file: Option<PathBuf>) -> Looker {
+        Looker { url, timeout, state_file, earlier: None, published: None }
+    }
+
+    /// One look, published.
+    pub async fn look_and_publish(&mut self) {
+        let (mut view, scrape) = look(&self.url, self.timeout, self.earlier.as_ref()).await;
         if scrape.is_some() {
-            earlier = scrape;
+            self.earlier = scrape;
         }
         crate::metrics::METRICS.etcd_member_looked(view.metrics_look());
-        let changed = published.as_ref().is_none_or(|p| MemberView { at: p.at, ..view.clone() } != *p);
+        let changed = self.published.as_ref().is_none_or(|p| MemberView { at: p.at, ..view.clone() } != *p);
         view.at = crate::statefile::unix(SystemTime::now());
-        if let (true, Some(state_file)) = (changed, &state_file) {
+        if let Some(state_file) = &self.state_file {
             let path = path_for(state_file);
             let written = serde_json::to_vec_pretty(&view)
                 .map_err(std::io::Error::other)
@@ -306,13 +318,25 @@ pub async fn run(url: HealthUrl, interval: Duration, timeout: Duration, state_fi
             }
         }
         if changed {
-            let was = published.as_ref().and_then(|p| p.healthy);
-            if was != view.healthy && published.is_some() {
-                tracing::info!(url = %url, "the local etcd member: {}", view.summary());
+            let was = self.published.as_ref().and_then(|p| p.healthy);
+            if was != view.healthy && self.published.is_some() {
+                tracing::info!(url = %self.url, "the local etcd member: {}", view.summary());
             }
-            published = Some(view.clone());
+            self.published = Some(view.clone());
         }
         *MEMBER.lock().unwrap_or_else(|p| p.into_inner()) = Some((tokio::time::Instant::now(), view));
+    }
+}
+
+/// Looks every `interval` for as long as it runs (a [`Looker`] on a timer: for tests
+/// and tools; `watch` looks on demand).
+pub async fn run(url: HealthUrl, interval: Duration, timeout: Duration, state_file: Option<PathBuf>) {
+    let mut looker = Looker::new(url, timeout, state_file);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        looker.look_and_publish().await;
     }
 }
 
@@ -429,6 +453,24 @@ go_goroutines 120
         let gone = HealthUrl::parse("etcd.metrics_url", "http://127.0.0.1:1/metrics").unwrap();
         let (v, s) = look(&gone, t, None).await;
         assert!(v.healthy.is_none() && s.is_none() && v.metrics_error.is_some(), "{v:?}");
+    }
+
+    /// Every look is published with its time, also one that says what the one before
+    /// said: `status` trusts `watch`'s look only while it is fresh, and looks itself
+    /// otherwise.
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_look_is_published_with_its_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_file = dir.path().join("state.json");
+        let url = listener("{\"health\":\"true\"}", std::sync::Arc::new(Mutex::new(TEXT.to_string()))).await;
+        let mut looker = Looker::new(url, Duration::from_secs(2), Some(state_file.clone()));
+        looker.look_and_publish().await;
+        let first = read_live(&state_file).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        looker.look_and_publish().await;
+        let second = read_live(&state_file).unwrap();
+        assert_eq!(second.healthy, Some(true));
+        assert!(second.at > first.at, "{} then {}", first.at, second.at);
     }
 
     #[tokio::test(flavor = "current_thread")]

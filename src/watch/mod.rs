@@ -6,6 +6,7 @@
 //! The loop's clock is tokio's (`tokio::time::Instant`, `interval`), so a test with
 //! paused time drives it (`watch_follows_a_hand_step_on_tokios_clock` below).
 
+pub mod looks;
 mod members;
 pub mod ticker;
 mod weighing;
@@ -49,26 +50,29 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
     let sampler = Sampler::for_config(&cfg.pressure)?;
     shed_start_up_code();
     runtime()?.block_on(async {
-        if let Some(addr) = cfg.metrics.listen {
+        let listener = match cfg.metrics.listen {
             // Bound before anything else, so a busy address stops watch at once.
-            let listener = metrics::bind(addr)?;
+            Some(addr) => Some((addr, metrics::bind(addr)?)),
+            None => None,
+        };
+        // Its own task: a hung etcd stalls only its looks, never a sample.
+        let looks = looks_for(cfg, mode)?;
+        if let Some((addr, listener)) = listener {
             // Healthy while samples keep coming: three periods, and slack for a slow one.
             let polling = cfg.pressure.sample_period.0 * 3 + Duration::from_secs(10);
             let max_age = metrics::MaxSampleAge { polling, on_trigger: psi_trigger::SAFETY_TIMEOUT + polling };
-            tokio::spawn(metrics::serve(listener, &METRICS, max_age));
+            // A scrape asks for a look (calm, nothing else looks); a hung member is
+            // waited for two requests' bounds at most.
+            let on_scrape = looks.on_scrape(cfg.etcd.request_timeout.0 * 2 + Duration::from_secs(1));
+            tokio::spawn(metrics::serve_asking(listener, &METRICS, max_age, Some(on_scrape)));
             tracing::info!(listen = %addr, "serving Prometheus metrics on /metrics and health on /healthz");
-        }
-        if let Some(url) = cfg.etcd.metrics_url() {
-            // Its own task: a hung etcd stalls only its looks, never a sample.
-            let state_file = (mode == Mode::Act).then(|| cfg.state_file.clone());
-            let (every, timeout) = (cfg.etcd.metrics_interval.0, cfg.etcd.request_timeout.0);
-            tokio::spawn(crate::etcd::member::run(url?, every, timeout, state_file));
         }
         let backend = match mode {
             Mode::DryRun => backend::dry_run(cfg).await,
             Mode::Act => backend::real(cfg).await?,
         };
         let mut watcher = Watcher::new(cfg, backend, sampler, mode).await?;
+        watcher.looks = Some(looks);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         watcher
@@ -82,6 +86,18 @@ pub fn run(cfg: &Config, mode: Mode) -> anyhow::Result<ExitCode> {
             .await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The looking task `watch` runs beside its samples (`looks`): the local etcd member,
+/// if `etcd.metrics_url` is set, and the host's units, if `census.slice` is.
+fn looks_for(cfg: &Config, mode: Mode) -> anyhow::Result<looks::Looks> {
+    let state_file = (mode == Mode::Act).then(|| cfg.state_file.clone());
+    let member = match cfg.etcd.metrics_url() {
+        Some(url) => Some(crate::etcd::member::Looker::new(url?, cfg.etcd.request_timeout.0, state_file.clone())),
+        None => None,
+    };
+    let units = cfg.census.slice().map(|s| crate::census::Reader::new(s.to_path_buf(), state_file));
+    Ok(looks::Looks::spawn(cfg.etcd.metrics_interval.0, looks::Looking { member, units }))
 }
 
 /// The daemon loop over a given backend until `shutdown`, as `run` runs it: for the
@@ -120,6 +136,9 @@ struct Watcher<'a> {
     /// The local member's signals now, for the step into `etcd-only`'s cost: its last
     /// look if fresh (`etcd::member::fresh_signals`).
     member_signals: Box<dyn Fn() -> MemberSignals>,
+    /// Told after each sample whether `watch` is pressed: it looks at the etcd member
+    /// only then (and when a scrape asks). `None`: nothing to look at (the simulator).
+    looks: Option<looks::Looks>,
 }
 
 /// How long the watchdog is fed through one API call of convergence (or a refusal's
@@ -215,6 +234,7 @@ impl<'a> Watcher<'a> {
                 let max_age = cfg.etcd.member_look_max_age();
                 Box::new(move || crate::etcd::member::fresh_signals(max_age))
             },
+            looks: None,
         })
     }
 
@@ -279,7 +299,11 @@ impl<'a> Watcher<'a> {
                 self.step(t, &step, &clock).await;
             }
             let calm = self.ticker.calm_at_top() && self.pending == Pending::Nothing;
-            if let Some(pacing) = self.pacer.after_sample(calm) {
+            let pacing = self.pacer.after_sample(calm);
+            if let Some(looks) = &self.looks {
+                looks.set_pressed(!self.pacer.resting());
+            }
+            if let Some(pacing) = pacing {
                 match pacing {
                     Pacing::Trigger => {
                         tracing::info!(pacing = %pacing, "calm at the top level: asleep on the PSI trigger")
@@ -298,6 +322,9 @@ impl<'a> Watcher<'a> {
     /// lock, and only from the record this process holds: if another process wrote
     /// the record meanwhile, the proposal is stale and the loop decides again first.
     async fn step(&mut self, t: Duration, step: &Step, clock: &StepClock) {
+        if let Some(whose) = crate::census::recent_summary(self.cfg.etcd.member_look_max_age()) {
+            tracing::info!(from = %step.from, to = %step.to, "whose memory, as the step is decided: {whose}");
+        }
         // The step first, then the hold: the switch-time check writes its hold first,
         // then reads this, so one of the two always sees the other.
         self.ticker.set_stepping(Some(step.to));
@@ -1045,6 +1072,90 @@ mod tests {
             assert_eq!(looks.get(), 2, "looked again a minute later, and learned them");
             w.run_until(tokio::time::sleep(Duration::from_secs(300))).await.unwrap();
             assert_eq!(looks.get(), 2, "never again once known");
+        });
+    }
+
+    /// A stand-in for the etcd member's metrics listener that counts the `/health`
+    /// requests it is sent: one per look.
+    async fn counting_member() -> (String, Rc<std::cell::Cell<usize>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/metrics", l.local_addr().unwrap());
+        let looks = Rc::new(std::cell::Cell::new(0));
+        let counted = looks.clone();
+        tokio::task::spawn_local(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                let body = if buf[..n].starts_with(b"GET /health") {
+                    counted.set(counted.get() + 1);
+                    "{\"health\":\"true\"}"
+                } else {
+                    "etcd_server_has_leader 1\n"
+                };
+                let _ = s.write_all(format!("HTTP/1.1 200 OK\r\n\r\n{body}").as_bytes()).await;
+            }
+        });
+        (url, looks)
+    }
+
+    /// Calm at `full`, `watch` looks at the etcd member at most once, at start, and
+    /// never on a timer: not in an hour of calm (here without a trigger, so the loop samples
+    /// every period all the while), only every `etcd.metrics_interval` while pressure
+    /// is not calm, and once when a scrape asks. (Since issue 40 it looked every
+    /// 10 s whatever the pressure: 360 looks in the hour.)
+    #[test]
+    fn a_calm_watch_never_looks_on_a_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (psi, mem) = (dir.path().join("psi"), dir.path().join("meminfo"));
+        let write_psi = |p: u32| {
+            std::fs::write(
+                &psi,
+                format!("some avg10={p} avg60=0 avg300=0 total=0\nfull avg10=0 avg60=0 avg300=0 total=0\n"),
+            )
+            .unwrap()
+        };
+        write_psi(0);
+        std::fs::write(&mem, "MemAvailable: 4000000 kB\n").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let (url, looked) = counting_member().await;
+            let cfg = Config::parse(&format!(
+                "state_file = {:?}\nlevel_record = {:?}\n[pressure]\nsource = {psi:?}\nmeminfo = {mem:?}\n\
+                 [etcd]\nmetrics_url = {url:?}\nmetrics_interval = \"10s\"\n",
+                dir.path().join("state.json"),
+                dir.path().join("level.json"),
+            ))
+            .unwrap();
+            let (backend, _) = backend_with(Level::Full, FakeCluster::labelled(Ok(None)));
+            let mut w = Watcher::new(&cfg, backend, Sampler::open(&psi, &mem).unwrap(), Mode::Act).await.unwrap();
+            assert_eq!(w.pending, Pending::Nothing);
+            w.looks = Some(looks_for(&cfg, Mode::Act).unwrap());
+            let hour = Duration::from_secs(3600);
+            w.run_until(tokio::time::sleep(hour)).await.unwrap();
+            assert!(w.pacer.resting(), "calm at the top");
+            let at_start = looked.get();
+            assert!(at_start <= 1, "{at_start} looks in an hour of calm: at most one, at start");
+            // Pressure over the threshold (not over: memory is plentiful), for a minute:
+            // a look at once and one every 10 s.
+            write_psi(80);
+            w.run_until(tokio::time::sleep(Duration::from_secs(60))).await.unwrap();
+            let pressed = looked.get() - at_start;
+            assert!((5..=7).contains(&pressed), "{pressed} looks in a minute of pressure");
+            // Calm again: past the hold, looks stop.
+            write_psi(0);
+            w.run_until(tokio::time::sleep(Duration::from_secs(30))).await.unwrap();
+            let stopped = looked.get();
+            w.run_until(tokio::time::sleep(hour)).await.unwrap();
+            assert_eq!(looked.get(), stopped, "no look in the second hour of calm");
+            // A scrape asks: one look now; another right after is answered by it.
+            let looks = w.looks.clone().unwrap();
+            looks.ask(Duration::from_secs(10)).await;
+            assert_eq!(looked.get(), stopped + 1, "a scrape's look");
+            looks.ask(Duration::from_secs(10)).await;
+            assert_eq!(looked.get(), stopped + 1, "the next scrape within the interval is answered by it");
         });
     }
 

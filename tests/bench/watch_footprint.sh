@@ -21,6 +21,8 @@
 #   bash tests/bench/watch_footprint.sh [SECONDS]      (default 20)
 #   REGRADE_BENCH_PERIOD=1s ...                        (regrade's sample_period, default 5s)
 #   REGRADE_BIN=path/to/regrade ...                    (another build, e.g. to compare)
+#   REGRADE_BENCH_ANCHOR=path/to/regrade ...           (a second build in the same window,
+#                                                       e.g. main's, its row printed beside)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-20}
@@ -65,6 +67,14 @@ threads() {
 env -u NOTIFY_SOCKET -u WATCHDOG_USEC -u WATCHDOG_PID \
   "$bin" --config "$work/regrade.toml" watch --dry-run 2>"$work/regrade.log" &
 rpid=$!
+anchor=${REGRADE_BENCH_ANCHOR:-}
+apid=
+if [ -n "$anchor" ]; then
+  sed "s#$work/state.json#$work/anchor-state.json#" "$work/regrade.toml" >"$work/anchor.toml"
+  env -u NOTIFY_SOCKET -u WATCHDOG_USEC -u WATCHDOG_PID \
+    "$anchor" --config "$work/anchor.toml" watch --dry-run 2>"$work/anchor.log" &
+  apid=$!
+fi
 # earlyoom reads the real /proc/meminfo; -m 1 -s 1 keeps it from acting, --dryrun from
 # killing, -r 0 from printing a memory report every second (which it would otherwise).
 earlyoom -m 1 -s 1 --dryrun -r 0 >"$work/earlyoom.log" 2>&1 &
@@ -83,11 +93,11 @@ fi
 # Past both start-ups: regrade's first samples, and the one or two fires a fresh PSI
 # trigger gives in its first seconds (each followed by 10 s of sampling).
 sleep "${REGRADE_BENCH_WARMUP:-25}"
-for p in $rpid $epid; do kill -0 $p 2>/dev/null || { echo "a program died at start:"; cat "$work"/*.log; exit 1; }; done
+for p in $rpid $epid $apid; do kill -0 $p 2>/dev/null || { echo "a program died at start:"; cat "$work"/*.log; exit 1; }; done
 
-threads $rpid >"$work/r0"; threads $epid >"$work/e0"; t0=$(date +%s.%N)
+threads $rpid >"$work/r0"; threads $epid >"$work/e0"; [ -z "$apid" ] || threads $apid >"$work/a0"; t0=$(date +%s.%N)
 sleep "$secs"
-threads $rpid >"$work/r1"; threads $epid >"$work/e1"; t1=$(date +%s.%N)
+threads $rpid >"$work/r1"; threads $epid >"$work/e1"; [ -z "$apid" ] || threads $apid >"$work/a1"; t1=$(date +%s.%N)
 
 # Sums each program's per-thread deltas; a thread that ended inside the window would
 # take its counts with it, so say so rather than print a low figure.
@@ -116,9 +126,19 @@ awk -v wall0="$t0" -v wall1="$t1" -v rc="$rc" -v rs="$rs" -v ec="$ec" -v es="$es
     ok_w ? "met" : "MISSED", ok_c ? "met" : "MISSED", ok_r ? "met" : "MISSED"
   if (strict == 1 && !(ok_w && ok_c && ok_r)) exit 1
 }'
+if [ -n "$apid" ]; then
+  read -r ac as alost < <(delta "$work/a0" "$work/a1")
+  awk -v wall0="$t0" -v wall1="$t1" -v c="$ac" -v s="$as" -v rss="$(field $apid VmRSS)" -v bin="$anchor" 'BEGIN {
+    m = 60 / (wall1 - wall0)
+    printf "%-30s %10.3f %10.1f %12.1f %9.2f   (%s)\n", "anchor, same window", c/1e6*m, s*m, s ? c/1e3/s : 0, rss/1024, bin }'
+  [ "$alost" = 0 ] || echo "note: anchor threads ended inside the window ($alost); their counts are missing"
+fi
 if [ -n "$mpid" ]; then
-  curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^regrade_level{level="full"} 1$' ||
-    { echo "watch_footprint: the metrics listener did not answer" >&2; exit 1; }
+  # Whole, then grep: grep -q ending first would fail curl's write (and pipefail).
+  scraped=$(curl -sf -m 30 "http://127.0.0.1:$port/metrics") ||
+    { echo "watch_footprint: the metrics listener did not answer (curl $?)" >&2; tail -n 5 "$work/regrade-metrics.log" >&2; exit 1; }
+  grep -q '^regrade_level{level="full"} 1$' <<<"$scraped" ||
+    { echo "watch_footprint: the metrics listener's answer has no level full" >&2; exit 1; }
   awk -v a="$(field $rpid VmRSS)" -v b="$(field $mpid VmRSS)" \
       -v aa="$(field $rpid RssAnon)" -v ba="$(field $mpid RssAnon)" \
       -v af="$(field $rpid RssFile)" -v bf="$(field $mpid RssFile)" 'BEGIN {
@@ -134,4 +154,4 @@ fi
 [ "$rlost$elost" = 00 ] || echo "note: threads ended inside the window (regrade $rlost, earlyoom $elost); their counts are missing"
 [ "$(id -u)" = 0 ] || echo "note: not root, so regrade could not lock its memory (VmLck 0 expected)"
 grep -i "mlockall\|trigger" "$work/regrade.log" || true
-kill $rpid $epid; wait $rpid $epid 2>/dev/null || true
+kill $rpid $epid $apid; wait $rpid $epid $apid 2>/dev/null || true

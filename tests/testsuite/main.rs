@@ -29,6 +29,7 @@ mod vm {
 mod layout;
 
 mod bench_idle_api;
+mod census_status;
 mod cli;
 mod cluster_clock_skew;
 mod cluster_drain;
