@@ -665,10 +665,11 @@ mod tests {
                 force: false,
             };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            let e = rt.block_on(ensure(&s, 0)).map(drop).unwrap_err().to_string();
+            let r = rt.block_on(ensure(&s, 0)).map(drop);
+            assert_eq!(std::fs::read_to_string(&admin).unwrap(), before, "k3s.yaml written over: {s:?}");
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link replaced: {s:?}");
+            let e = r.unwrap_err().to_string();
             assert!(e.contains("is the admin kubeconfig"), "{e}");
-            assert_eq!(std::fs::read_to_string(&admin).unwrap(), before, "{s:?}");
-            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         }
     }
 
