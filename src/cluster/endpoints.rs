@@ -227,9 +227,12 @@ impl Endpoints {
     }
 
     /// An API server answered (`Some`: with an error status). The first 401 after an
-    /// accepted call is reported, and the first accepted call after a 401.
+    /// accepted call is reported, and the first accepted call after a 401: for a
+    /// kubeconfig naming a token file, which `regrade credential` renews (an admin
+    /// kubeconfig's 401 is no note's to write beside k3s's file).
     fn credential_answered(&self, error: Option<&CallError>) {
-        if !self.settings.report_rejected {
+        let renewed = self.loaded.borrow().as_ref().is_some_and(|l| l.token_file.is_some());
+        if !self.settings.report_rejected || !renewed {
             return;
         }
         let rejected = error.is_some_and(|e| e.code() == Some(401));
