@@ -27,8 +27,7 @@ use crate::units::{format_duration, HumanDuration};
 /// The shortest token the API server issues.
 pub const MIN_LIFETIME: Duration = Duration::from_secs(600);
 
-/// `[credential]`: this server's own credential, as `regrade credential` keeps it and
-/// `watch` asks for it.
+/// `[credential]`: this server's own credential, as `regrade credential` keeps it.
 #[derive(Clone, Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CredentialConfig {
@@ -38,9 +37,6 @@ pub struct CredentialConfig {
     /// less than half of `lifetime` and one period are left: at the latest at half of
     /// its lifetime.
     pub renew_period: HumanDuration,
-    /// The systemd unit that runs `regrade credential`: `watch` starts it at once when
-    /// the API server rejects the token (401). Empty: none; `watch` only says so.
-    pub renew_unit: String,
 }
 
 impl Default for CredentialConfig {
@@ -48,7 +44,6 @@ impl Default for CredentialConfig {
         CredentialConfig {
             lifetime: HumanDuration(Duration::from_secs(86400)),
             renew_period: HumanDuration(Duration::from_secs(900)),
-            renew_unit: String::new(),
         }
     }
 }
