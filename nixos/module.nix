@@ -148,8 +148,33 @@
   # asks the local API server, then the other servers', with k3s's admin credentials (which
   # only this oneshot, root, reads; the daemon never holds them) for a token of the
   # ServiceAccount regrade/<Node> bound to the Node, and writes it beside the kubeconfig
-  # naming it. It keeps a token until less than half of its lifetime is left.
-  mintCommand = "${cfg.package}/bin/regrade --config ${configPath} credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml --lifetime ${cfg.credential.lifetime}";
+  # naming it. It keeps a token while the API server accepts it, until less than half of its
+  # lifetime and one renewal period are left (settings.credential, which it reads).
+  mintCommand = "${cfg.package}/bin/regrade --config ${configPath} credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml";
+  # "90s", "15m", "24h", "7d" in seconds (the credential options' pattern).
+  seconds = d: let
+    m = builtins.match "([0-9]+)(s|m|h|d)" d;
+  in
+    builtins.fromJSON (builtins.elemAt m 0)
+    * {
+      s = 1;
+      m = 60;
+      h = 3600;
+      d = 86400;
+    }
+    .${builtins.elemAt m 1};
+  lifetimeSeconds = seconds cfg.credential.lifetime;
+  # The timer's period: at most a quarter of the lifetime (regrade check-config's rule), and
+  # no more than 15 minutes.
+  renewPeriodSeconds =
+    if cfg.credential.renewPeriod != null
+    then seconds cfg.credential.renewPeriod
+    else if lifetimeSeconds / 4 < 900
+    then lifetimeSeconds / 4
+    else 900;
+  renewPeriod = "${toString renewPeriodSeconds}s";
+  # Written by `regrade watch` at the API server's first 401 (src/cluster/rejected.rs).
+  rejectedNote = "${mintedKubeconfig}.rejected";
   nullOr = t: lib.types.nullOr t;
   flagValue = with lib.types; oneOf [bool int str (listOf str)];
   levelOptions = name: example: {
@@ -244,11 +269,23 @@ in {
         default = "24h";
         example = "7d";
         description = ''
-          How long each token of this server's credential is valid (at least 10m). The
-          timer asks every 15 minutes and a new token is minted once less than half of this
-          is left, so the API servers may be unreachable for half of it before regrade
-          loses its credential; a running `regrade watch` uses the new token at its next
-          request, with no restart.
+          How long each token of this server's credential is valid (at least 10m). A new
+          token is minted once less than half of this and one `renewPeriod` are left, so
+          the API servers may be unreachable for half of it before regrade loses its
+          credential; a running `regrade watch` uses the new token at its next request,
+          with no restart. A token the API server rejects (its Node deleted and registered
+          again) is replaced at once: `regrade watch` notes the first 401 and
+          `regrade-credentials.path` starts the credential unit.
+        '';
+      };
+      renewPeriod = lib.mkOption {
+        type = nullOr (lib.types.strMatching "[0-9]+(s|m|h|d)");
+        default = null;
+        example = "5m";
+        description = ''
+          How often `regrade-credentials.timer` runs the credential unit. `null`: a quarter
+          of `lifetime`, at most 15 minutes. More than a quarter of `lifetime` is refused
+          (a token could expire between runs).
         '';
       };
     };
@@ -642,6 +679,10 @@ in {
           message = "services.regrade: this k3s server runs no etcd: with neither services.k3s.clusterInit, nor serverAddr, nor configPath (nor --cluster-init or --server in extraFlags), k3s keeps its data in embedded SQLite, so there is no etcd vote for regrade to protect. Set services.k3s.clusterInit = true on the first server and serverAddr on the others, or leave regrade off on this host.";
         }
         {
+          assertion = !mintCredentials || (lifetimeSeconds >= 600 && renewPeriodSeconds > 0 && renewPeriodSeconds * 4 <= lifetimeSeconds);
+          message = "services.regrade.credential: renewPeriod = ${renewPeriod} with lifetime = ${cfg.credential.lifetime} leaves a gap: the lifetime must be at least 10m and the timer must run at least every quarter of it (${toString (lifetimeSeconds / 4)}s), or a token can expire between two runs.";
+        }
+        {
           assertion = !k3s.disableAgent;
           message = "services.regrade: services.k3s.disableAgent = true runs this server without its kubelet, so it has no Node for regrade to cordon, taint and label. Keep the agent on the servers regrade runs on (or leave regrade off here).";
         }
@@ -664,6 +705,11 @@ in {
           );
           # k3s registers the Node under --node-name; regrade must patch that one.
           node_name = lib.mkIf (k3s.nodeName != null) (lib.mkDefault k3s.nodeName);
+        };
+        # What regrade-credentials.timer runs on (check-config refuses a pair with a gap).
+        credential = lib.mkIf mintCredentials {
+          lifetime = cfg.credential.lifetime;
+          renew_period = renewPeriod;
         };
         # Only a non-default data dir needs the paths written (regrade's defaults are k3s's).
         etcd = lib.mkIf (cfg.k3sDataDir != "/var/lib/rancher/k3s") (lib.mapAttrs (_: lib.mkDefault) etcdFiles);
@@ -695,10 +741,12 @@ in {
         // lib.optionalAttrs admissionPolicyServed {regrade-admission-policy.source = ../deploy/admission-policy.yaml;}
       );
 
+      # Nothing of regrade's starts k3s: the units order after k3s.service and never want
+      # it, so an operator's `systemctl stop k3s` (an etcd snapshot restore needs k3s
+      # stopped on every server) holds. Only a gated step restarts k3s.
       systemd.services.regrade-credentials = lib.mkIf mintCredentials {
         description = "regrade: this server's own credential (a token bound to its Node), minted and renewed";
         after = ["k3s.service"];
-        wants = ["k3s.service"];
         before = ["regrade.service"];
         startLimitIntervalSec = 0;
         serviceConfig = {
@@ -714,19 +762,26 @@ in {
       };
 
       systemd.timers.regrade-credentials = lib.mkIf mintCredentials {
-        description = "regrade: renew this server's credential well before it expires";
+        description = "regrade: renew this server's credential by half of its lifetime";
         wantedBy = ["timers.target"];
         timerConfig = {
-          OnBootSec = "15min";
-          OnUnitActiveSec = "15min";
+          OnBootSec = renewPeriod;
+          OnUnitActiveSec = renewPeriod;
         };
+      };
+
+      # regrade watch writes the note at the API server's first 401: renew now.
+      systemd.paths.regrade-credentials = lib.mkIf mintCredentials {
+        description = "regrade: renew this server's credential when the API server rejects it";
+        wantedBy = ["paths.target"];
+        pathConfig.PathChanged = rejectedNote;
       };
 
       systemd.services.regrade = {
         description = "regrade: steps this k3s server down under memory pressure, one server at a time";
         wantedBy = ["multi-user.target"];
         after = ["k3s.service" "network-online.target"] ++ lib.optional mintCredentials "regrade-credentials.service";
-        wants = ["k3s.service" "network-online.target"] ++ lib.optional mintCredentials "regrade-credentials.service";
+        wants = ["network-online.target"] ++ lib.optional mintCredentials "regrade-credentials.service";
         restartTriggers = [checkedSettings];
         startLimitIntervalSec = 0;
         serviceConfig = {

@@ -11,22 +11,28 @@ use crate::config::Config;
 use crate::runtime::runtime;
 
 /// `regrade credential`: keeps this server's token, or mints a new one, and says which.
-pub fn mint(cfg: &Config, admin_kubeconfig: PathBuf, lifetime: &str, force: bool) -> anyhow::Result<ExitCode> {
-    let lifetime =
-        crate::units::parse_duration(lifetime).map_err(|e| anyhow::anyhow!("--lifetime {lifetime:?}: {e}"))?;
-    let settings = cfg.cluster.mint_settings(admin_kubeconfig, lifetime, force)?;
+pub fn mint(cfg: &Config, admin_kubeconfig: PathBuf, lifetime: Option<&str>, force: bool) -> anyhow::Result<ExitCode> {
+    let lifetime = lifetime
+        .map(|l| crate::units::parse_duration(l).map_err(|e| anyhow::anyhow!("--lifetime {l:?}: {e}")))
+        .transpose()?;
+    let settings = cfg.cluster.mint_settings(&cfg.credential, admin_kubeconfig, lifetime, force)?;
     let now = crate::statefile::unix(std::time::SystemTime::now()) as i64;
     let minted = runtime()?.block_on(credential::ensure(&settings, now))?;
     let token = credential::token_path(&settings.kubeconfig);
     let at = |t: i64| k8s_openapi::jiff::Timestamp::from_second(t).map_or(t.to_string(), |t| t.to_string());
     match minted {
-        Minted::Kept { claims, renew_at } => println!(
-            "regrade credential: kept {} ({}, expires {}, renewed from {})",
-            token.display(),
-            claims.subject,
-            at(claims.expires_at),
-            at(renew_at)
-        ),
+        Minted::Kept { claims, renew_at, unasked } => {
+            println!(
+                "regrade credential: kept {} ({}, expires {}, renewed from {})",
+                token.display(),
+                claims.subject,
+                at(claims.expires_at),
+                at(renew_at)
+            );
+            if let Some(why) = unasked {
+                eprintln!("regrade credential: could not ask whether the API server still accepts it: {why}");
+            }
+        }
         Minted::Renewed { claims, why, unbound, policy } => {
             let bound = claims.node.as_deref().map_or("bound to no Node".to_string(), |n| format!("bound to Node {n}"));
             println!(

@@ -108,15 +108,21 @@ pub enum Command {
     /// Mint or renew this server's own credential: a token of the ServiceAccount
     /// regrade/<Node>, bound to the Node (Kubernetes >= 1.31; unbound before), written
     /// beside cluster.kubeconfig as <kubeconfig>.token, and the kubeconfig naming it. A
-    /// token is kept until less than half of --lifetime is left; a running `watch` uses a
-    /// new one at its next request. Run it from a timer, as the NixOS module does.
+    /// token is kept while the API server accepts it (asked with a SelfSubjectReview)
+    /// until less than half of its lifetime and one credential.renew_period are left; a
+    /// running `watch` uses a new one at its next request. The API servers are those
+    /// `watch` uses (cluster.api_servers, else the endpoints cache). Run it from a timer
+    /// every credential.renew_period, as the NixOS module does.
     Credential {
-        /// Credentials that may read Nodes and make ServiceAccounts and their tokens.
+        /// Credentials that may read Nodes and make ServiceAccounts and their tokens
+        /// (namespace regrade); with rights to get validatingadmissionpolicies and their
+        /// bindings it also says whether the admission policy is in force.
         #[arg(long, value_name = "FILE", default_value = "/etc/rancher/k3s/k3s.yaml")]
         admin_kubeconfig: PathBuf,
-        /// How long a new token is valid (at least 10m).
-        #[arg(long, default_value = "24h")]
-        lifetime: String,
+        /// How long a new token is valid (at least 10m, and at least four
+        /// credential.renew_period). Default: credential.lifetime (24h).
+        #[arg(long)]
+        lifetime: Option<String>,
         /// Mint a new token even if the one at hand is not due.
         #[arg(long)]
         force: bool,

@@ -36,6 +36,8 @@ pub struct Config {
     pub pressure: PressureConfig,
     pub levels: LevelsConfig,
     pub cluster: crate::cluster::ClusterConfig,
+    /// `[credential]`: this server's own credential (`regrade credential`).
+    pub credential: crate::cluster::credential::CredentialConfig,
     /// `[etcd]`: the etcd gate before and after a restart of k3s.
     pub etcd: crate::etcd::EtcdConfig,
     pub systemd: SystemdConfig,
@@ -55,6 +57,7 @@ impl Default for Config {
             pressure: PressureConfig::default(),
             levels: LevelsConfig::default(),
             cluster: Default::default(),
+            credential: Default::default(),
             etcd: Default::default(),
             systemd: Default::default(),
             #[cfg(feature = "docker")]
@@ -171,6 +174,7 @@ impl Config {
         }
         self.check_step_timeout()?;
         self.cluster.validate()?;
+        self.credential.validate()?;
         self.etcd.validate()?;
         self.systemd.validate()?;
         #[cfg(feature = "docker")]

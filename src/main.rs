@@ -38,12 +38,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::CheckConfig => {
             print!("{}", toml::to_string_pretty(&cfg)?);
+            for w in cfg.cluster.warnings() {
+                eprintln!("regrade: warning: {w}");
+            }
             eprintln!("regrade: {} is valid", cli.config.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckAccess => access::check(&cfg),
         Command::Credential { admin_kubeconfig, lifetime, force } => {
-            access::mint(&cfg, admin_kubeconfig, &lifetime, force)
+            access::mint(&cfg, admin_kubeconfig, lifetime.as_deref(), force)
         }
         Command::Simulate { trace, level, plot } => simulate::run(&cfg, &trace, level, plot.as_deref()),
         Command::Record { count, interval, etcd_member } => {

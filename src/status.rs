@@ -52,6 +52,9 @@ pub struct Status {
     pub would_refuse: Option<String>,
     /// k3s's start record and the actuator's file disagree (`watch` converges at start).
     pub disagreement: Option<String>,
+    /// The API server rejected regrade's token (401), since when and how
+    /// (`<kubeconfig>.rejected`, until `regrade credential` mints a new one).
+    pub credential_rejected: Option<crate::cluster::rejected::RejectedNote>,
     /// The level record (docs/level-record.md), or why it could not be read.
     pub record: Option<crate::level_record::LevelRecord>,
     pub record_error: Option<String>,
@@ -221,6 +224,9 @@ pub fn run(cfg: &Config, json: bool) -> anyhow::Result<ExitCode> {
             refusal: published.as_ref().and_then(|p| p.refusal.clone()),
             would_refuse,
             disagreement,
+            credential_rejected: crate::cluster::rejected::RejectedNote::read(
+                cfg.cluster.kubeconfig.as_deref().unwrap_or(crate::cluster::DEFAULT_KUBECONFIG.as_ref()),
+            ),
             record,
             record_error,
             node_marks,
@@ -335,6 +341,14 @@ pub fn render(s: &Status, now: f64) -> String {
     }
     if let Some(d) = &s.disagreement {
         o += &format!("disagreement:   {d}\n");
+    }
+    if let Some(r) = &s.credential_rejected {
+        o += &format!(
+            "credential:     REJECTED by the API server (401) since {} ago, until `regrade credential` mints a new \
+             token: {}\n",
+            ago(now, r.since),
+            r.error
+        );
     }
     match (&s.record, &s.record_error) {
         (_, Some(e)) => o += &format!("level record:   {e}\n"),

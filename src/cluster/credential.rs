@@ -1,9 +1,13 @@
 //! Each server's own credential (docs/behaviour.md, "Least privilege"): a token of the
 //! ServiceAccount `regrade/<its Node>`, bound to that Node where the API server can bind
 //! one (Kubernetes >= 1.31), in a file of its own beside a kubeconfig that names the file
-//! (`tokenFile`). `regrade credential` mints it with k3s's admin kubeconfig, and mints a
-//! new one once less than half of `--lifetime` is left; the running `watch` reads the new
-//! file at its next API call ([`super::endpoints`]), with no restart.
+//! (`tokenFile`). `regrade credential` mints it with k3s's admin kubeconfig, through the
+//! same endpoints and failover as `watch` (configured, discovered, cached), and mints a
+//! new one once less than half of the lifetime and one renewal period are left, or once
+//! the API server no longer accepts the one at hand (a Node registered again, a
+//! ServiceAccount made again); the running `watch` reads the new file at its next API
+//! call ([`super::endpoints`]), with no restart, and asks for one at once when the API
+//! server rejects its token ([`super::rejected`]).
 //!
 //! The renewal decision is pure ([`renewal`]): the token's own claims and the time in.
 
@@ -17,7 +21,68 @@ use kube::config::{Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContex
 use kube::Api;
 use serde::Deserialize;
 
-use super::endpoints::{EndpointSettings, Endpoints};
+use super::endpoints::{CallError, EndpointSettings, Endpoints};
+use crate::units::{format_duration, HumanDuration};
+
+/// The shortest token the API server issues.
+pub const MIN_LIFETIME: Duration = Duration::from_secs(600);
+
+/// `[credential]`: this server's own credential, as `regrade credential` keeps it.
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CredentialConfig {
+    /// How long a new token is valid (`regrade credential --lifetime` overrides it).
+    pub lifetime: HumanDuration,
+    /// How often `regrade credential` runs (its timer's period). A token is replaced once
+    /// less than half of `lifetime` and one period are left: at the latest at half of
+    /// its lifetime.
+    pub renew_period: HumanDuration,
+}
+
+impl Default for CredentialConfig {
+    fn default() -> Self {
+        CredentialConfig {
+            lifetime: HumanDuration(Duration::from_secs(86400)),
+            renew_period: HumanDuration(Duration::from_secs(900)),
+        }
+    }
+}
+
+impl CredentialConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        check_lifetime(self.lifetime.0, self.renew_period.0, "credential.lifetime")
+    }
+}
+
+/// Whether a token of `lifetime`, renewed by a run every `period`, never runs out
+/// between runs. A run replaces it once less than half of the lifetime and one period
+/// are left, so the period must fit in that half with room to spare: at most a quarter
+/// of the lifetime leaves a quarter for failed runs tried again (and the timer's own
+/// accuracy). `lifetime_key` names where the lifetime came from.
+pub fn check_lifetime(lifetime: Duration, period: Duration, lifetime_key: &str) -> anyhow::Result<()> {
+    if lifetime < MIN_LIFETIME {
+        anyhow::bail!(
+            "{lifetime_key} = {} is shorter than {} (the shortest token the API server issues)",
+            format_duration(lifetime),
+            format_duration(MIN_LIFETIME)
+        );
+    }
+    if period.is_zero() {
+        anyhow::bail!("credential.renew_period must be more than 0");
+    }
+    if period > lifetime / 4 {
+        anyhow::bail!(
+            "credential.renew_period = {} is more than a quarter of {lifetime_key} = {}: a token is replaced at the \
+             latest at half of its lifetime, and a run every {} leaves too little of the other half for a failed \
+             run to be tried again before it expires; renew at least every {} (or a longer lifetime)",
+            format_duration(period),
+            format_duration(lifetime),
+            format_duration(period),
+            format_duration(lifetime / 4)
+        );
+    }
+    Ok(())
+}
 
 /// The namespace of regrade's ServiceAccounts, one per server, each named after its Node
 /// (deploy/rbac.yaml binds the namespace's group; deploy/admission-policy.yaml reads
@@ -118,11 +183,18 @@ pub enum Renewal {
 }
 
 /// Whether the token (`None`: absent or unreadable, with why) must be replaced at `now`
-/// (Unix seconds): once less than half of `lifetime` is left, or when it is another
-/// ServiceAccount's or bound to another Node. A timer that asks every few minutes then
-/// replaces a token half a lifetime before it expires, so the API servers may be away
-/// that long without regrade losing its credential.
-pub fn renewal(now: i64, token: Result<&TokenClaims, &str>, node: &str, lifetime: Duration) -> Renewal {
+/// (Unix seconds): once less than half of `lifetime` and one renewal `period` are left,
+/// or when it is another ServiceAccount's or bound to another Node. A timer that asks
+/// every `period` then replaces a token at the latest half a lifetime before it
+/// expires, so the API servers may be away that long without regrade losing its
+/// credential. Whether the API server still accepts it is asked apart ([`ensure`]).
+pub fn renewal(
+    now: i64,
+    token: Result<&TokenClaims, &str>,
+    node: &str,
+    lifetime: Duration,
+    period: Duration,
+) -> Renewal {
     let c = match token {
         Ok(c) => c,
         Err(why) => return Renewal::Renew(why.to_string()),
@@ -134,14 +206,18 @@ pub fn renewal(now: i64, token: Result<&TokenClaims, &str>, node: &str, lifetime
     if let Some(bound) = c.node.as_deref().filter(|b| *b != node) {
         return Renewal::Renew(format!("it is bound to Node {bound}, not {node}"));
     }
-    let half = i64::try_from(lifetime.as_secs() / 2).unwrap_or(i64::MAX);
-    let renew_at = c.expires_at.saturating_sub(half);
+    let margin = i64::try_from(lifetime.as_secs() / 2 + period.as_secs()).unwrap_or(i64::MAX);
+    let renew_at = c.expires_at.saturating_sub(margin);
     if now >= renew_at {
         let left = c.expires_at - now;
         return Renewal::Renew(if left <= 0 {
             format!("it expired {}s ago", -left)
         } else {
-            format!("{left}s of it are left, less than half of the {}s lifetime", lifetime.as_secs())
+            format!(
+                "{left}s of it are left, less than half of the {}s lifetime and the {}s renewal period",
+                lifetime.as_secs(),
+                period.as_secs()
+            )
         });
     }
     Renewal::Keep { renew_at }
@@ -152,14 +228,19 @@ pub fn renewal(now: i64, token: Result<&TokenClaims, &str>, node: &str, lifetime
 pub struct MintSettings {
     /// Credentials that may read Nodes and make ServiceAccounts and their tokens.
     pub admin_kubeconfig: PathBuf,
-    /// Tried after the admin kubeconfig's own server (`cluster.api_servers`).
+    /// Tried after the kubeconfig's own server (`cluster.api_servers`).
     pub api_servers: Vec<String>,
     pub tls_server_name: Option<String>,
     pub request_timeout: Duration,
+    /// The API servers discovered while the local one answered (`cluster.endpoints_cache`),
+    /// tried when none are configured: `watch`'s cache, shared.
+    pub endpoints_cache: Option<PathBuf>,
     pub node: String,
     /// The kubeconfig regrade reads (`cluster.kubeconfig`); the token goes beside it.
     pub kubeconfig: PathBuf,
     pub lifetime: Duration,
+    /// How often this is run (`credential.renew_period`).
+    pub renew_period: Duration,
     /// Mint a new token even when the one at hand is good.
     pub force: bool,
 }
@@ -167,19 +248,13 @@ pub struct MintSettings {
 /// How the token at hand came to be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Minted {
-    Kept {
-        claims: TokenClaims,
-        renew_at: i64,
-    },
+    /// The token at hand is good; `unasked` why no API server could say whether it
+    /// still accepts it (it is kept: minting would need one too).
+    Kept { claims: TokenClaims, renew_at: i64, unasked: Option<String> },
     /// A new token; `why` the old one was replaced, `unbound` why it is bound to no
     /// Node (an API server older than 1.31, or with ServiceAccountTokenNodeBinding off);
     /// and whether the admission policy bounds it.
-    Renewed {
-        claims: TokenClaims,
-        why: String,
-        unbound: Option<String>,
-        policy: PolicyState,
-    },
+    Renewed { claims: TokenClaims, why: String, unbound: Option<String>, policy: PolicyState },
 }
 
 /// The admission policy of deploy/admission-policy.yaml and its binding.
@@ -193,6 +268,8 @@ pub enum PolicyState {
     NotInstalled(String),
     /// The API server serves no ValidatingAdmissionPolicy (before Kubernetes 1.30).
     NotServed,
+    /// It could not be asked (why): advice only, the token is written all the same.
+    Unknown(String),
 }
 
 impl PolicyState {
@@ -209,13 +286,18 @@ impl PolicyState {
                 "this cluster's API server serves no ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1, \
                  Kubernetes 1.30 or later), so deploy/admission-policy.yaml cannot be installed: {unbounded}"
             )),
+            PolicyState::Unknown(why) => Some(format!(
+                "could not tell whether the admission policy {POLICY} bounds regrade's credential ({why}): the check \
+                 needs --admin-kubeconfig to get validatingadmissionpolicies and validatingadmissionpolicybindings \
+                 (admissionregistration.k8s.io); the token was written all the same"
+            )),
         }
     }
 }
 
 /// Asks the API server (with rights to read admission policies: the admin's) whether it
 /// serves ValidatingAdmissionPolicy, and whether regrade's is installed and bound.
-pub async fn policy_state(eps: &Endpoints) -> Result<PolicyState, super::endpoints::CallError> {
+pub async fn policy_state(eps: &Endpoints) -> Result<PolicyState, CallError> {
     use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
     let gv = "admissionregistration.k8s.io/v1";
     let served = eps
@@ -252,10 +334,11 @@ pub async fn policy_state(eps: &Endpoints) -> Result<PolicyState, super::endpoin
 /// Keeps or replaces the token of `s.node`'s ServiceAccount, and writes the kubeconfig
 /// naming it. Nothing is written unless a new token was had in full.
 pub async fn ensure(s: &MintSettings, now: i64) -> anyhow::Result<Minted> {
-    if s.kubeconfig == s.admin_kubeconfig {
+    if same_file(&s.kubeconfig, &s.admin_kubeconfig) {
         anyhow::bail!(
-            "cluster.kubeconfig is the admin kubeconfig {}: regrade credential writes its own kubeconfig there; \
+            "cluster.kubeconfig {} is the admin kubeconfig {}: regrade credential writes its own kubeconfig there; \
              set cluster.kubeconfig to another path (e.g. /var/lib/regrade/kubeconfig)",
+            s.kubeconfig.display(),
             s.admin_kubeconfig.display()
         );
     }
@@ -266,30 +349,77 @@ pub async fn ensure(s: &MintSettings, now: i64) -> anyhow::Result<Minted> {
         Ok(None) => Err(format!("there is no token at {}", token_file.display())),
         Err(e) => Err(format!("{}: {e}", token_file.display())),
     };
-    let decision = renewal(now, at_hand.as_ref().map_err(String::as_str), &s.node, s.lifetime);
+    let decision = renewal(now, at_hand.as_ref().map_err(String::as_str), &s.node, s.lifetime, s.renew_period);
     let why = match (decision, s.force) {
         (Renewal::Keep { renew_at }, false) => {
             write_if_changed(&s.kubeconfig, &kubeconfig)?;
             let claims = at_hand.expect("kept only a readable token");
-            return Ok(Minted::Kept { claims, renew_at });
+            match accepted(&Endpoints::new(s.endpoints(&s.kubeconfig))).await {
+                Acceptance::Accepted => {
+                    super::rejected::clear(&s.kubeconfig);
+                    return Ok(Minted::Kept { claims, renew_at, unasked: None });
+                }
+                Acceptance::Unasked(why) => return Ok(Minted::Kept { claims, renew_at, unasked: Some(why) }),
+                Acceptance::Rejected(why) => why,
+            }
         }
         (Renewal::Keep { .. }, true) => "--force".to_string(),
         (Renewal::Renew(why), _) => why,
     };
-    let eps = Endpoints::new(EndpointSettings {
-        kubeconfig: s.admin_kubeconfig.clone(),
-        api_servers: s.api_servers.clone(),
-        tls_server_name: s.tls_server_name.clone(),
-        request_timeout: s.request_timeout,
-        cache: None,
-    });
+    let eps = Endpoints::new(s.endpoints(&s.admin_kubeconfig));
     let (token, unbound) = request_token(&eps, &s.node, s.lifetime).await?;
-    let policy = policy_state(&eps).await?;
     let claims = TokenClaims::parse(&token).map_err(|e| anyhow::anyhow!("the API server's token: {e}"))?;
     crate::fsutil::write_atomic(&token_file, token.as_bytes(), 0o600, "credential-token")
         .map_err(|e| anyhow::anyhow!("writing {}: {e}", token_file.display()))?;
     write_if_changed(&s.kubeconfig, &kubeconfig)?;
+    super::rejected::clear(&s.kubeconfig);
+    // Advice only, asked once the token is safe on disk: its failure loses nothing.
+    let policy = policy_state(&eps).await.unwrap_or_else(|e| PolicyState::Unknown(e.to_string()));
     Ok(Minted::Renewed { claims, why, unbound, policy })
+}
+
+impl MintSettings {
+    /// The endpoints `watch` uses, with `kubeconfig`'s credentials: its server first,
+    /// then the configured or cached others.
+    fn endpoints(&self, kubeconfig: &Path) -> EndpointSettings {
+        EndpointSettings {
+            kubeconfig: kubeconfig.to_path_buf(),
+            api_servers: self.api_servers.clone(),
+            tls_server_name: self.tls_server_name.clone(),
+            request_timeout: self.request_timeout,
+            cache: self.endpoints_cache.clone(),
+            report_rejected: false,
+        }
+    }
+}
+
+/// Whether the API server takes the token at hand.
+enum Acceptance {
+    Accepted,
+    /// It answered 401: why, for the renewal.
+    Rejected(String),
+    /// No answer to judge by (why).
+    Unasked(String),
+}
+
+/// The cheapest authenticated look: a SelfSubjectReview (any authenticated user may
+/// make one). A 401 is the API server rejecting the token: the Node it is bound to was
+/// deleted (and registered again under its name), or the ServiceAccount was. A 404
+/// (an API server before 1.28) got past authentication all the same.
+async fn accepted(eps: &Endpoints) -> Acceptance {
+    match super::boundary::who_am_i(eps).await {
+        Ok(_) => Acceptance::Accepted,
+        Err(e) if e.code() == Some(401) => Acceptance::Rejected(format!("the API server rejects it ({e})")),
+        Err(e) if e.code() == Some(404) => Acceptance::Accepted,
+        Err(e) => Acceptance::Unasked(e.to_string()),
+    }
+}
+
+/// Whether two paths name one file: a symlink to the admin kubeconfig is the admin
+/// kubeconfig. Paths that cannot be resolved (not there yet) are compared as written.
+fn same_file(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    a == b || resolved(a) == resolved(b)
 }
 
 /// A token of `node`'s ServiceAccount (made if missing), bound to the Node where the
@@ -354,9 +484,7 @@ async fn request_token(eps: &Endpoints, node: &str, lifetime: Duration) -> anyho
         // Before 1.29 "cannot bind token to object of type /v1, Kind=Node"; 1.29-1.30
         // with the gate off "cannot bind token to a Node object as the ... feature-gate is
         // disabled".
-        Err(super::endpoints::CallError::Status { status, .. })
-            if status.code == 400 && status.message.contains("cannot bind token") =>
-        {
+        Err(CallError::Status { status, .. }) if status.code == 400 && status.message.contains("cannot bind token") => {
             let why = format!("this API server binds no token to a Node ({})", status.message);
             (create(request(false)).await?, Some(why))
         }
@@ -451,32 +579,93 @@ mod tests {
         assert_eq!(base64url_decode("aGk=").unwrap(), b"hi");
     }
 
-    /// Renewed once less than half the lifetime is left, or when it is not this
-    /// server's; kept before that.
+    /// Renewed once less than half the lifetime and one renewal period are left (at the
+    /// latest at half of its lifetime, for a timer that runs every period), or when it
+    /// is not this server's; kept before that.
     #[test]
-    fn a_token_is_renewed_past_half_its_lifetime_or_when_it_is_another_servers() {
+    fn a_token_is_renewed_by_half_its_lifetime_or_when_it_is_another_servers() {
         let day = Duration::from_secs(86400);
+        let period = Duration::from_secs(900);
+        let renewal = |now, t| renewal(now, t, "server1", day, period);
         let sub = "system:serviceaccount:regrade:server1";
         let t = claims(sub, 0, 86400, Some("server1"));
-        assert_eq!(renewal(0, Ok(&t), "server1", day), Renewal::Keep { renew_at: 43200 });
-        assert_eq!(renewal(43199, Ok(&t), "server1", day), Renewal::Keep { renew_at: 43200 });
-        let r = renewal(43200, Ok(&t), "server1", day);
-        assert!(matches!(&r, Renewal::Renew(why) if why.contains("43200s of it are left")), "{r:?}");
-        let r = renewal(90000, Ok(&t), "server1", day);
+        assert_eq!(renewal(0, Ok(&t)), Renewal::Keep { renew_at: 42300 });
+        assert_eq!(renewal(42299, Ok(&t)), Renewal::Keep { renew_at: 42300 });
+        let r = renewal(42300, Ok(&t));
+        assert!(matches!(&r, Renewal::Renew(why) if why.contains("44100s of it are left")), "{r:?}");
+        // The timer's last run before the renewal point comes at most a period before it:
+        // its next one, at the latest, is at half of the lifetime (43200).
+        let r = renewal(90000, Ok(&t));
         assert!(matches!(&r, Renewal::Renew(why) if why.contains("expired 3600s ago")), "{r:?}");
         // A 10-minute token is past the renewal point of a day's lifetime at once.
         let short = claims(sub, 0, 600, Some("server1"));
-        assert!(matches!(renewal(0, Ok(&short), "server1", day), Renewal::Renew(_)));
+        assert!(matches!(renewal(0, Ok(&short)), Renewal::Renew(_)));
         let other = claims("system:serviceaccount:regrade:server2", 0, 86400, None);
-        assert!(matches!(renewal(0, Ok(&other), "server1", day), Renewal::Renew(w) if w.contains("server2")));
+        assert!(matches!(renewal(0, Ok(&other)), Renewal::Renew(w) if w.contains("server2")));
         let bound_elsewhere = claims(sub, 0, 86400, Some("server2"));
-        assert!(
-            matches!(renewal(0, Ok(&bound_elsewhere), "server1", day), Renewal::Renew(w) if w.contains("Node server2"))
-        );
+        assert!(matches!(renewal(0, Ok(&bound_elsewhere)), Renewal::Renew(w) if w.contains("Node server2")));
         // An unbound token of the right account (an older API server) is kept.
         let unbound = claims(sub, 0, 86400, None);
-        assert!(matches!(renewal(0, Ok(&unbound), "server1", day), Renewal::Keep { .. }));
-        assert_eq!(renewal(0, Err("absent"), "server1", day), Renewal::Renew("absent".into()));
+        assert!(matches!(renewal(0, Ok(&unbound)), Renewal::Keep { .. }));
+        assert_eq!(renewal(0, Err("absent")), Renewal::Renew("absent".into()));
+    }
+
+    /// A lifetime and a renewal period that leave a gap are refused, naming both keys:
+    /// the shortest lifetime (10m) with the old 15-minute timer expired between runs.
+    #[test]
+    fn a_lifetime_and_a_renewal_period_that_leave_a_gap_are_refused() {
+        let m = |s: u64| Duration::from_secs(60 * s);
+        let e = check_lifetime(m(10), m(15), "credential.lifetime").unwrap_err().to_string();
+        assert!(e.contains("credential.renew_period = 15m") && e.contains("credential.lifetime = 10m"), "{e}");
+        assert!(e.contains("at least every 150s"), "{e}");
+        assert!(check_lifetime(m(10), Duration::from_secs(150), "credential.lifetime").is_ok());
+        assert!(check_lifetime(m(60), m(15), "--lifetime").is_ok());
+        let e = check_lifetime(m(59), m(15), "--lifetime").unwrap_err().to_string();
+        assert!(e.contains("--lifetime = 59m"), "{e}");
+        let e = check_lifetime(m(9), Duration::from_secs(60), "credential.lifetime").unwrap_err().to_string();
+        assert!(e.contains("shorter than 10m"), "{e}");
+        assert!(check_lifetime(m(60), Duration::ZERO, "x").is_err());
+        // The defaults agree; check-config refuses the shortest lifetime with them.
+        CredentialConfig::default().validate().unwrap();
+        let e = format!("{:#}", crate::config::Config::parse("[credential]\nlifetime = \"10m\"\n").unwrap_err());
+        assert!(e.contains("credential.renew_period = 15m is more than a quarter of credential.lifetime"), "{e}");
+        crate::config::Config::parse("[credential]\nlifetime = \"10m\"\nrenew_period = \"2m\"\n").unwrap();
+    }
+
+    /// The admin kubeconfig is told by the file, not by the path as written. Given
+    /// through a symlink while cluster.kubeconfig names k3s.yaml itself, k3s.yaml was
+    /// written over (with a token at hand that is kept, before any API server is asked);
+    /// a symlink to k3s.yaml as cluster.kubeconfig would have been replaced by regrade's
+    /// own file. Both are refused, and nothing is written.
+    #[test]
+    fn the_admin_kubeconfig_behind_a_symlink_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = super::super::endpoints::tests::kubeconfig_at(dir.path(), "https://127.0.0.1:1");
+        let link = dir.path().join("link.yaml");
+        std::os::unix::fs::symlink(&admin, &link).unwrap();
+        let before = std::fs::read_to_string(&admin).unwrap();
+        let good = jwt(serde_json::json!({"sub": user_name("server1"), "iat": 0, "exp": 86400}));
+        for (admin_kubeconfig, kubeconfig) in [(link.clone(), admin.clone()), (admin.clone(), link.clone())] {
+            std::fs::write(token_path(&kubeconfig), &good).unwrap();
+            let s = MintSettings {
+                admin_kubeconfig,
+                api_servers: Vec::new(),
+                tls_server_name: None,
+                request_timeout: Duration::from_millis(200),
+                endpoints_cache: None,
+                node: "server1".into(),
+                kubeconfig,
+                lifetime: Duration::from_secs(86400),
+                renew_period: Duration::from_secs(900),
+                force: false,
+            };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let r = rt.block_on(ensure(&s, 0)).map(drop);
+            assert_eq!(std::fs::read_to_string(&admin).unwrap(), before, "k3s.yaml written over: {s:?}");
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link replaced: {s:?}");
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("is the admin kubeconfig"), "{e}");
+        }
     }
 
     #[test]

@@ -89,6 +89,8 @@ pub struct EndpointSettings {
     pub tls_server_name: Option<String>,
     pub request_timeout: Duration,
     pub cache: Option<PathBuf>,
+    /// Say the first 401 of a run of them, and write it down ([`super::rejected`]).
+    pub report_rejected: bool,
 }
 
 struct Endpoint {
@@ -131,11 +133,19 @@ pub struct Endpoints {
     loaded: RefCell<Option<Loaded>>,
     preferred: Cell<usize>,
     discovered: Cell<bool>,
+    /// The last answer was a 401: the credential is rejected.
+    rejected: Cell<bool>,
 }
 
 impl Endpoints {
     pub fn new(settings: EndpointSettings) -> Endpoints {
-        Endpoints { settings, loaded: RefCell::new(None), preferred: Cell::new(0), discovered: Cell::new(false) }
+        Endpoints {
+            settings,
+            loaded: RefCell::new(None),
+            preferred: Cell::new(0),
+            discovered: Cell::new(false),
+            rejected: Cell::new(false),
+        }
     }
 
     /// The endpoints in the order they are tried from now (for logs and tests).
@@ -171,11 +181,16 @@ impl Endpoints {
             let why = match outcome {
                 Ok(Ok(v)) => {
                     self.preferred.set(i);
+                    self.credential_answered(None);
                     self.maybe_discover(i, &client).await;
                     return Ok(v);
                 }
                 Ok(Err(kube::Error::Api(s))) if s.code == 503 => format!("503 {}", s.message),
-                Ok(Err(kube::Error::Api(status))) => return Err(CallError::Status { what, endpoint: url, status }),
+                Ok(Err(kube::Error::Api(status))) => {
+                    let e = CallError::Status { what, endpoint: url, status };
+                    self.credential_answered(Some(&e));
+                    return Err(e);
+                }
                 Ok(Err(e @ (kube::Error::HyperError(_) | kube::Error::Service(_)))) => error_chain(&e),
                 Ok(Err(e)) => {
                     return Err(CallError::Other { what: format!("{what} at {url}"), error: error_chain(&e) })
@@ -208,6 +223,25 @@ impl Endpoints {
         if let Some(i) = l.endpoints.iter().position(|e| !on_this_host(&e.url, &l.local)) {
             tracing::debug!(endpoint = %l.endpoints[i].url, "stepping down: asking another server's API server first");
             self.preferred.set(i);
+        }
+    }
+
+    /// An API server answered (`Some`: with an error status). The first 401 after an
+    /// accepted call is reported, and the first accepted call after a 401: for a
+    /// kubeconfig naming a token file, which `regrade credential` renews (an admin
+    /// kubeconfig's 401 is no note's to write beside k3s's file).
+    fn credential_answered(&self, error: Option<&CallError>) {
+        let renewed = self.loaded.borrow().as_ref().is_some_and(|l| l.token_file.is_some());
+        if !self.settings.report_rejected || !renewed {
+            return;
+        }
+        let rejected = error.is_some_and(|e| e.code() == Some(401));
+        if rejected == self.rejected.replace(rejected) {
+            return;
+        }
+        match error {
+            Some(e) if rejected => super::rejected::report(&self.settings.kubeconfig, e),
+            _ => super::rejected::accepted_again(&self.settings.kubeconfig),
         }
     }
 
@@ -512,6 +546,7 @@ pub(crate) mod tests {
             tls_server_name: None,
             request_timeout: Duration::from_secs(1),
             cache: None,
+            report_rejected: false,
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {

@@ -15,6 +15,7 @@ pub mod lease;
 pub mod node;
 pub mod peers;
 pub mod refusal;
+pub mod rejected;
 pub mod static_dns;
 
 use std::path::PathBuf;
@@ -255,7 +256,8 @@ impl KubeCluster {
             api_servers: c.api_servers.clone(),
             tls_server_name: (!c.tls_server_name.is_empty()).then(|| c.tls_server_name.clone()),
             request_timeout: c.request_timeout.0,
-            cache: (!c.endpoints_cache.as_os_str().is_empty()).then(|| c.endpoints_cache.clone()),
+            cache: c.cache(),
+            report_rejected: true,
         });
         // The process as well as the Node: a hand step and `watch` on one server are
         // two holders, and must not mistake each other's Lease for their own.
@@ -359,12 +361,19 @@ impl KubeCluster {
 pub const DEFAULT_KUBECONFIG: &str = "/etc/rancher/k3s/k3s.yaml";
 
 impl ClusterConfig {
+    /// `endpoints_cache`, unless turned off (empty).
+    fn cache(&self) -> Option<PathBuf> {
+        (!self.endpoints_cache.as_os_str().is_empty()).then(|| self.endpoints_cache.clone())
+    }
+
     /// What `regrade credential` mints for this server: its Node's token, beside the
-    /// configured `kubeconfig` (which must be set, and not the admin kubeconfig).
+    /// configured `kubeconfig` (which must be set, and not the admin kubeconfig), through
+    /// the endpoints `watch` uses. `lifetime`: `--lifetime`, else `credential.lifetime`.
     pub fn mint_settings(
         &self,
+        credential: &credential::CredentialConfig,
         admin_kubeconfig: PathBuf,
-        lifetime: Duration,
+        lifetime: Option<Duration>,
         force: bool,
     ) -> anyhow::Result<credential::MintSettings> {
         let kubeconfig = self.kubeconfig.clone().ok_or_else(|| {
@@ -373,22 +382,47 @@ impl ClusterConfig {
                  set it to where regrade credential may write regrade's own (e.g. /var/lib/regrade/kubeconfig)"
             )
         })?;
-        if lifetime < Duration::from_secs(600) {
-            anyhow::bail!("--lifetime must be at least 10m (the shortest token the API server issues)");
+        if let Some(lifetime) = lifetime {
+            credential::check_lifetime(lifetime, credential.renew_period.0, "--lifetime")?;
         }
         Ok(credential::MintSettings {
             admin_kubeconfig,
             api_servers: self.api_servers.clone(),
             tls_server_name: (!self.tls_server_name.is_empty()).then(|| self.tls_server_name.clone()),
             request_timeout: self.request_timeout.0,
+            endpoints_cache: self.cache(),
             node: match &self.node_name {
                 Some(n) => n.clone(),
                 None => hostname()?,
             },
             kubeconfig,
-            lifetime,
+            lifetime: lifetime.unwrap_or(credential.lifetime.0),
+            renew_period: credential.renew_period.0,
             force,
         })
+    }
+
+    /// What `check-config` warns of: with no `api_servers` and no other server in the
+    /// endpoints cache, this server knows only its own API server, which it disables at
+    /// `etcd-only`: there neither `watch` nor `regrade credential` reach the cluster.
+    pub fn warnings(&self) -> Vec<String> {
+        if !self.api_servers.is_empty() {
+            return Vec::new();
+        }
+        let cached = self.cache().map(|p| {
+            let known = crate::fsutil::read_string_if_exists(&p).ok().flatten().is_some_and(|t| !t.trim().is_empty());
+            (p, known)
+        });
+        let why = match cached {
+            Some((_, true)) => return Vec::new(),
+            Some((p, false)) => format!("the endpoints cache {} holds none yet", p.display()),
+            None => "cluster.endpoints_cache is off".to_string(),
+        };
+        vec![format!(
+            "cluster.api_servers is empty and {why}: this server knows only its own API server, which it disables at \
+             etcd-only; there watch cannot step back up and regrade credential cannot renew the token until one is \
+             known (list the other servers in cluster.api_servers, or let watch learn them while its own answers)"
+        )]
     }
 }
 
@@ -577,6 +611,23 @@ mod tests {
         assert_eq!(tried_first(Direction::Down, Level::Full, Level::ControlPlane), other);
         assert_eq!(tried_first(Direction::Up, Level::ControlPlane, Level::Full), local);
         drop(listener);
+    }
+
+    /// check-config warns where this server knows no API server but its own: no
+    /// cluster.api_servers, and no other in the endpoints cache (or no cache).
+    #[test]
+    fn check_config_warns_where_only_its_own_api_server_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Config::default().cluster;
+        c.endpoints_cache = dir.path().join("api-endpoints");
+        let w = c.warnings();
+        assert!(w.len() == 1 && w[0].contains("holds none yet") && w[0].contains("cluster.api_servers"), "{w:?}");
+        std::fs::write(&c.endpoints_cache, "https://10.0.0.2:6443\n").unwrap();
+        assert!(c.warnings().is_empty());
+        c.endpoints_cache = Default::default();
+        assert!(c.warnings()[0].contains("cluster.endpoints_cache is off"));
+        c.api_servers = vec!["https://10.0.0.2:6443".into()];
+        assert!(c.warnings().is_empty());
     }
 
     fn err(text: &str) -> String {

@@ -272,6 +272,23 @@
           };
         });
       };
+      # nixos/lib/systemd-unit-options.nix's path options, as far as the module sets them.
+      systemd.paths = mkOption {
+        default = {};
+        type = types.attrsOf (types.submodule {
+          options = {
+            description = mkOption {
+              type = types.singleLineStr;
+              default = "";
+            };
+            wantedBy = unitNames;
+            pathConfig = mkOption {
+              type = types.attrsOf unitOption;
+              default = {};
+            };
+          };
+        });
+      };
       systemd.tmpfiles.rules = mkOption {
         type = types.listOf types.str;
         default = [];
@@ -417,6 +434,7 @@
     preSwitchChecks = c.system.preSwitchChecks;
     credentialsCommand = c.systemd.services.regrade-credentials.serviceConfig.ExecStart or null;
     credentialsTimer = c.systemd.timers.regrade-credentials or null;
+    credentialsPath = c.systemd.paths.regrade-credentials or null;
     firewall = {inherit (c.networking.firewall) enable allowedTCPPorts allowedUDPPorts;};
   };
 
@@ -575,6 +593,15 @@ in {
     credentialsUnit = adminCreds.systemd.services ? regrade-credentials || adminCreds.systemd.timers ? regrade-credentials;
   };
   inherit admissionPolicy;
+  # The shortest lifetime: the timer's period follows it (a quarter), and the pair is in
+  # the settings check-config reads.
+  shortLifetime = let
+    c = eval {services.regrade.credential.lifetime = "10m";};
+  in {
+    failingAssertions = failing c;
+    timer = c.systemd.timers.regrade-credentials.timerConfig;
+    settings = c.services.regrade.settings.credential;
+  };
   vm = {
     server1 = summary vmServer1;
     server2Settings = (summary (vmNode "server2" [])).settings;
@@ -718,6 +745,11 @@ in {
     noEtcd.services.k3s.configPath = lib.mkForce null;
     # 5. a server without its agent has no Node.
     disableAgent.services.k3s.disableAgent = true;
+    # issue 59: a 10-minute token and a 15-minute timer: expired between runs.
+    credentialGap.services.regrade.credential = {
+      lifetime = "10m";
+      renewPeriod = "15m";
+    };
   };
   # Each way a server has etcd passes the no-etcd assertion.
   etcdWays = lib.mapAttrs (_: c: try (failing (eval ({services.k3s.configPath = lib.mkForce null;} // c)))) {

@@ -103,17 +103,28 @@ check(svc.get("StateDirectory") == "regrade", "regrade.service has StateDirector
 check(svc.get("TimeoutStopSec") == "30min", "regrade.service: TimeoutStopSec=30min, a step finishes before SIGTERM is honoured")
 check(svc.get("IOSchedulingClass") == "realtime", "regrade.service: IOSchedulingClass=realtime, ahead of the workloads for the disk: %s" % svc.get("IOSchedulingClass"))
 check(svc.get("Nice") == -10, "regrade.service: Nice=-10, ahead of the workloads for a CPU: %s" % svc.get("Nice"))
-check("k3s.service" in en["units"]["regrade"]["after"] and "k3s.service" in en["units"]["regrade"]["wants"], "regrade.service is after and wants k3s.service")
+for u in ["regrade", "regrade-credentials"]:
+    check("k3s.service" in en["units"][u]["after"] and "k3s.service" not in en["units"][u]["wants"],
+          "%s.service orders after k3s.service and never wants it (nothing of regrade's starts k3s): %s" % (u, en["units"][u]["wants"]))
 check(set(en["manifests"]) == {"regrade-rbac", "regrade-admission-policy"}, "manifests: deploy/rbac.yaml and deploy/admission-policy.yaml")
 check(en["settings"]["cluster"]["kubeconfig"] == "/var/lib/regrade/kubeconfig", "daemon uses the minted least-privilege kubeconfig")
 cred = en["units"].get("regrade-credentials", {})
 check(cred.get("serviceConfig", {}).get("ExecStart", "").endswith(
-          "/bin/regrade --config /etc/regrade/regrade.toml credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml --lifetime 24h")
+          "/bin/regrade --config /etc/regrade/regrade.toml credential --admin-kubeconfig /etc/rancher/k3s/k3s.yaml")
       and "RemainAfterExit" not in cred.get("serviceConfig", {}) and "regrade.service" in cred.get("before", []),
       "regrade-credentials.service mints this server's credential before regrade.service: %s" % cred.get("serviceConfig", {}).get("ExecStart"))
 timer = en["credentialsTimer"] or {}
-check(timer.get("timerConfig") == {"OnBootSec": "15min", "OnUnitActiveSec": "15min"} and timer.get("wantedBy") == ["timers.target"],
-      "regrade-credentials.timer asks every 15 minutes (renewed past half of the 24h lifetime): %s" % timer)
+check(timer.get("timerConfig") == {"OnBootSec": "900s", "OnUnitActiveSec": "900s"} and timer.get("wantedBy") == ["timers.target"],
+      "regrade-credentials.timer asks every 15 minutes (renewed by half of the 24h lifetime): %s" % timer)
+check(en["settings"]["credential"] == {"lifetime": "24h", "renew_period": "900s"},
+      "the lifetime and the timer's period are in the settings check-config reads: %s" % en["settings"].get("credential"))
+path = en["credentialsPath"] or {}
+check(path.get("pathConfig") == {"PathChanged": "/var/lib/regrade/kubeconfig.rejected"} and path.get("wantedBy") == ["paths.target"],
+      "regrade-credentials.path starts the credential unit when watch notes a 401: %s" % path)
+sl = d["shortLifetime"]
+check(sl["failingAssertions"] == [] and sl["timer"] == {"OnBootSec": "150s", "OnUnitActiveSec": "150s"}
+      and sl["settings"] == {"lifetime": "10m", "renew_period": "150s"},
+      "credential.lifetime = 10m: the timer runs every quarter of it (150s), no gap: %s" % sl)
 ap = d["admissionPolicy"]
 check(ap["k3s129"]["manifests"] == ["regrade-rbac"] and len(ap["k3s129"]["warnings"]) == 1
       and "serves no ValidatingAdmissionPolicy" in ap["k3s129"]["warnings"][0],
@@ -188,6 +199,7 @@ want = {
     "dropinNotYaml": "must end in .yaml or .yml",
     "noEtcd": "runs no etcd",
     "disableAgent": "disableAgent = true",
+    "credentialGap": "leaves a gap",
 }
 for case, needle in want.items():
     msgs = d["misconfigured"][case]

@@ -230,7 +230,7 @@ fn a_token_past_its_renewal_point_is_replaced_and_the_next_call_uses_it() {
 
         // Ten minutes left of a ten-minute lifetime: kept.
         match credential::ensure(&ten_minutes, now()).await.unwrap() {
-            Minted::Kept { claims, renew_at } => {
+            Minted::Kept { claims, renew_at, .. } => {
                 assert_eq!(claims, first);
                 println!("kept: renewed from {renew_at}, expires {}", claims.expires_at);
             }

@@ -216,9 +216,11 @@ impl Harness {
             api_servers: Vec::new(),
             tls_server_name: None,
             request_timeout: Duration::from_secs(10),
+            endpoints_cache: None,
             node: node.to_string(),
             kubeconfig: self.dir.join(format!("regrade-{node}.kubeconfig")),
             lifetime,
+            renew_period: lifetime / 4,
             force: false,
         }
     }
