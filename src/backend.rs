@@ -66,3 +66,19 @@ pub async fn protections(cfg: &Config) -> Vec<crate::actuator::systemd::protecti
 pub async fn protections(_cfg: &Config) -> Vec<crate::actuator::systemd::protections::Finding> {
     Vec::new()
 }
+
+/// Whether k3s would run at each level regrade steps to, with its configuration read as
+/// k3s reads it (`check-config`, `watch`'s start): an error names each level another
+/// file or k3s's command line overrides, with the file and the key.
+#[cfg(not(feature = "docker"))]
+pub async fn check_levels(cfg: &Config) -> anyhow::Result<()> {
+    crate::actuator::systemd::k3s_flags::check_levels_of_unit(&cfg.systemd, &cfg.levels).await
+}
+
+/// The Docker actuator's entrypoint puts a level's flags last on k3s's command line,
+/// where no config file and no earlier argument overrides them (the entrypoint says at
+/// each start what k3s runs with).
+#[cfg(feature = "docker")]
+pub async fn check_levels(_cfg: &Config) -> anyhow::Result<()> {
+    Ok(())
+}

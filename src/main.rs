@@ -38,6 +38,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::CheckConfig => {
             print!("{}", toml::to_string_pretty(&cfg)?);
+            // Each level as k3s would run it: a level another file overrides is an error.
+            regrade::runtime::runtime()?.block_on(regrade::backend::check_levels(&cfg))?;
             eprintln!("regrade: {} is valid", cli.config.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -50,7 +52,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             simulate::record(&cfg, count, interval.as_deref(), etcd_member)
         }
         Command::Status { json } => status::run(&cfg, json),
-        Command::Watch { dry_run } => watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act }),
+        Command::Watch { dry_run } => {
+            if !dry_run {
+                // A level whose flags k3s would not run with is refused before the first
+                // sample, never found out as a step that changed nothing.
+                regrade::runtime::runtime()?.block_on(regrade::backend::check_levels(&cfg))?;
+            }
+            watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act })
+        }
         Command::Step { target } => hand::step_by_hand(&cfg, target),
         Command::RecordStart | Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
     }

@@ -38,19 +38,25 @@ pub struct MapFlag {
 pub fn map_flag(eff: &Effective, name: &str) -> MapFlag {
     let mut flag = MapFlag::default();
     for arg in eff.all("kubelet-arg") {
-        let (flag_name, value) = arg.value.trim_start_matches('-').split_once('=').unwrap_or((&arg.value, ""));
-        if flag_name.trim_end_matches(['+', '-']) != name {
-            continue;
-        }
-        for pair in value.split(',').filter(|p| !p.is_empty()) {
-            let Some((k, v)) = pair.split_once('=') else { continue };
-            let entry = MapEntry { value: v.trim().to_string(), from: arg.from.clone() };
-            if let Some(old) = flag.entries.insert(k.trim().to_string(), entry.clone()) {
-                flag.replaced.push(Replaced { key: k.trim().to_string(), value: old.value, from: old.from, by: entry });
+        for (k, v) in pairs_of(&arg.value, name).unwrap_or_default() {
+            let entry = MapEntry { value: v, from: arg.from.clone() };
+            if let Some(old) = flag.entries.insert(k.clone(), entry.clone()) {
+                flag.replaced.push(Replaced { key: k, value: old.value, from: old.from, by: entry });
             }
         }
     }
     flag
+}
+
+/// The `key=value` pairs one `kubelet-arg` value gives the kubelet's map flag `name`
+/// (`system-reserved=memory=1Gi,cpu=1`); `None` when it is another flag.
+pub fn pairs_of(kubelet_arg: &str, name: &str) -> Option<Vec<(String, String)>> {
+    let (flag_name, value) = kubelet_arg.trim_start_matches('-').split_once('=').unwrap_or((kubelet_arg, ""));
+    if flag_name.trim_end_matches(['+', '-']) != name {
+        return None;
+    }
+    let pairs = value.split(',').filter_map(|p| p.split_once('=')).map(|(k, v)| (k.trim().into(), v.trim().into()));
+    Some(pairs.collect())
 }
 
 /// A Kubernetes memory quantity in bytes (`768Mi`, `2Gi`, `1G`, `512000k`, plain

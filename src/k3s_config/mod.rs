@@ -348,6 +348,22 @@ fn command_line(argv: &[String]) -> Vec<Arg> {
     out
 }
 
+/// The variables of a systemd `EnvironmentFile=`: `KEY=VALUE` lines, `#` and `;`
+/// comments, a value in matching quotes unquoted.
+pub fn environment_file(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with(['#', ';']) {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else { continue };
+        let v = v.trim();
+        let unquoted = ['"', '\''].iter().find_map(|&q| v.strip_prefix(q)?.strip_suffix(q)).unwrap_or(v);
+        out.push((k.trim().to_string(), unquoted.to_string()));
+    }
+    out
+}
+
 /// Go's `strconv.ParseBool`, with a flag not given as `false`.
 pub fn go_bool(arg: Option<&Arg>) -> Option<bool> {
     match arg.map(|a| a.value.as_str()) {

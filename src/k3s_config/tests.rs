@@ -152,3 +152,9 @@ fn a_broken_file_is_named() {
     let e = read(&Distribution::k3s().with_default_config(h.config()), &Invocation::default(), None).unwrap_err();
     assert!(format!("{e:#}").contains(&p.display().to_string()), "{e:#}");
 }
+
+#[test]
+fn an_environment_file_is_read_as_systemd_reads_it() {
+    let env = environment_file("# c\nK3S_CONFIG_FILE=\"/etc/k3s/a.yaml\"\n; other\n\nK3S_TOKEN = x\nnot a var\n");
+    assert_eq!(env, [("K3S_CONFIG_FILE".into(), "/etc/k3s/a.yaml".into()), ("K3S_TOKEN".into(), "x".into())]);
+}
