@@ -508,7 +508,7 @@ pub fn record_start(
     };
     let started = match k3s_flags::effective(&sd.dropin, levels, &hook_invocation(sd), None) {
         Ok(eff) => {
-            let (level, overridden) = k3s_flags::started_level(levels, &eff, &sd.dropin, claimed);
+            let (level, overridden) = crate::k3s_config::levels::started_level(levels, &eff, Some(&sd.dropin), claimed);
             if !overridden.is_empty() {
                 let why: Vec<String> = overridden.iter().map(|o| o.to_string()).collect();
                 tracing::error!(

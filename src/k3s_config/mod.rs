@@ -17,6 +17,7 @@
 //! environment variable and default path, the same reading.
 
 pub mod kubelet;
+pub mod levels;
 pub mod yaml;
 
 use std::collections::HashMap;

@@ -1,16 +1,17 @@
-//! regrade's levels against k3s's effective configuration ([`crate::k3s_config`]):
-//! which level k3s starts at, read from the flags k3s will run with (`record-start`),
-//! and whether each level's flags would be in force once regrade's drop-in holds them
+//! The systemd actuator's view of k3s's effective configuration ([`crate::k3s_config`],
+//! the levels against it in [`crate::k3s_config::levels`]): k3s's configuration with
+//! regrade's drop-in read as it is or as it would be at a level, for `record-start`, and
+//! whether each level's flags would be in force once regrade's drop-in holds them
 //! (`check-config`, `watch`'s start, and before every restart of a step). A level
 //! another file or the unit's command line overrides is an error naming the file and
 //! the key: a step into it would change nothing while regrade recorded it.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::k3s_config::{self, go_bool, Distribution, Effective, Invocation, Overlay, Source};
+use crate::k3s_config::levels::overridden;
+use crate::k3s_config::{self, Distribution, Effective, Invocation, Overlay};
 use crate::level::Level;
-use crate::levels::{FlagValue, LevelsConfig};
+use crate::levels::LevelsConfig;
 
 use super::dropin;
 
@@ -38,103 +39,6 @@ pub fn effective(
     k3s_config::read(&distribution(dropin_path), inv, overlay)
 }
 
-/// One of a level's flags that k3s would not run with.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Overridden {
-    pub key: String,
-    /// The level's value, as text.
-    pub want: String,
-    /// What k3s ends with, and where that comes from; `None`: k3s does not read
-    /// regrade's drop-in at all.
-    pub got: Option<(String, Source)>,
-}
-
-impl fmt::Display for Overridden {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.got {
-            Some((value, from)) => write!(
-                f,
-                "{from} sets {key} = {value:?} after regrade's drop-in, so k3s would run with it rather than \
-                 regrade's {key} = {want}: remove {key} there (or write a list flag as `{key}+:`)",
-                key = self.key,
-                want = self.want,
-            ),
-            None => write!(f, "{} = {} is not passed to k3s", self.key, self.want),
-        }
-    }
-}
-
-/// Every flag name regrade's levels set, each with whether it is a boolean.
-fn our_keys(levels: &LevelsConfig) -> Vec<(String, bool)> {
-    let mut keys: Vec<(String, bool)> = Level::ALL
-        .iter()
-        .flat_map(|&l| levels.k3s_flags(l).into_iter().map(|(k, v)| (k, matches!(v, FlagValue::Bool(_)))))
-        .collect();
-    keys.sort();
-    keys.dedup_by(|a, b| a.0 == b.0);
-    keys
-}
-
-/// The flags of `level` that `eff` does not run with. A boolean flag the level leaves
-/// out must be off (regrade never writes `false`); another flag it leaves out is the
-/// operator's.
-pub fn overridden(levels: &LevelsConfig, level: Level, eff: &Effective, dropin_path: &Path) -> Vec<Overridden> {
-    let flags = levels.k3s_flags(level);
-    let mut out = Vec::new();
-    for (key, is_bool) in our_keys(levels) {
-        let want = flags.get(&key);
-        let last = eff.last(&key);
-        let got = || last.map(|a| (a.value.clone(), a.from.clone()));
-        let holds = match want {
-            None if is_bool => go_bool(last) == Some(false),
-            None => true,
-            Some(FlagValue::Bool(b)) => go_bool(last) == Some(*b),
-            Some(FlagValue::Int(i)) => last.is_some_and(|a| a.value == i.to_string()),
-            Some(FlagValue::Str(s)) => last.is_some_and(|a| &a.value == s),
-            Some(FlagValue::List(items)) => {
-                let have: Vec<&str> = eff.all(&key).map(|a| a.value.as_str()).collect();
-                if !items.iter().all(|i| have.contains(&i.as_str())) {
-                    // Dropped by a later file's plain key, or never read.
-                    let by = eff.shadowed.iter().find(|s| s.key == key && s.was_in == dropin_path);
-                    out.push(Overridden {
-                        key: key.clone(),
-                        want: format!("{items:?}"),
-                        got: by.map(|s| (format!("{:?}", have), Source::File(s.by.clone()))),
-                    });
-                }
-                continue;
-            }
-        };
-        if !holds {
-            let want = match want {
-                None => "false (unset)".to_string(),
-                Some(FlagValue::Bool(b)) => b.to_string(),
-                Some(FlagValue::Int(i)) => i.to_string(),
-                Some(FlagValue::Str(s)) => format!("{s:?}"),
-                Some(FlagValue::List(_)) => unreachable!("handled above"),
-            };
-            out.push(Overridden { key, want, got: got() });
-        }
-    }
-    out
-}
-
-/// The level k3s runs at, from its flags: `claimed` (the level regrade's drop-in
-/// names) when its flags hold, else the first level from `full` down whose flags hold.
-/// When none does (another file or the command line overrides some), the level with the
-/// fewest flags overridden, `claimed` first among equals, with those flags: a level
-/// record can name no other state, and the override is an error to show.
-pub fn started_level(
-    levels: &LevelsConfig,
-    eff: &Effective,
-    dropin_path: &Path,
-    claimed: Option<Level>,
-) -> (Level, Vec<Overridden>) {
-    let candidates = claimed.into_iter().chain(Level::ALL);
-    let judged = candidates.map(|l| (l, overridden(levels, l, eff, dropin_path)));
-    judged.min_by_key(|(_, wrong)| wrong.len()).expect("Level::ALL is not empty")
-}
-
 /// Each level as k3s would run it with regrade's drop-in written for it: an error
 /// naming every level whose flags another file or the command line overrides, with
 /// the file and the key, or that k3s would not read regrade's drop-in for.
@@ -142,7 +46,7 @@ pub fn check_levels(dropin_path: &Path, levels: &LevelsConfig, inv: &Invocation)
     let mut problems = Vec::new();
     for level in Level::ALL {
         let eff = effective(dropin_path, levels, inv, Some(level))?;
-        let wrong = overridden(levels, level, &eff, dropin_path);
+        let wrong = overridden(levels, level, &eff, Some(dropin_path));
         if wrong.is_empty() {
             continue;
         }
@@ -178,6 +82,7 @@ pub async fn check_levels_of_unit(sd: &super::SystemdConfig, levels: &LevelsConf
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k3s_config::levels::started_level;
     use std::fs;
 
     struct Host {
@@ -249,7 +154,7 @@ mod tests {
         let levels = LevelsConfig::default();
         let started = |claimed| {
             let eff = effective(&h.dropin(), &levels, &Invocation::default(), None).unwrap();
-            started_level(&levels, &eff, &h.dropin(), claimed)
+            started_level(&levels, &eff, Some(&h.dropin()), claimed)
         };
         assert_eq!(started(None), (Level::Full, vec![]));
         assert_eq!(started(Some(Level::ControlPlane)), (Level::ControlPlane, vec![]), "same flags: the claim holds");
