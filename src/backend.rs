@@ -82,3 +82,16 @@ pub async fn check_levels(cfg: &Config) -> anyhow::Result<()> {
 pub async fn check_levels(_cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
+
+/// The kubelet's reserved memory as k3s's configuration gives it, into the metrics
+/// (`watch`'s start: k3s reads its files only when it starts); not judged for a k3s
+/// container.
+pub async fn note_reserved_memory(cfg: &Config) {
+    #[cfg(not(feature = "docker"))]
+    {
+        let (state, bytes) = crate::actuator::systemd::protections::reserved_memory_now(&cfg.systemd).await;
+        crate::metrics::METRICS.set_k3s_reserved_memory(state, bytes);
+    }
+    #[cfg(feature = "docker")]
+    let _ = cfg;
+}

@@ -53,11 +53,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status { json } => status::run(&cfg, json),
         Command::Watch { dry_run } => {
+            let rt = regrade::runtime::runtime()?;
             if !dry_run {
                 // A level whose flags k3s would not run with is refused before the first
                 // sample, never found out as a step that changed nothing.
-                regrade::runtime::runtime()?.block_on(regrade::backend::check_levels(&cfg))?;
+                rt.block_on(regrade::backend::check_levels(&cfg))?;
             }
+            rt.block_on(regrade::backend::note_reserved_memory(&cfg));
+            drop(rt);
             watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act })
         }
         Command::Step { target } => hand::step_by_hand(&cfg, target),

@@ -312,14 +312,31 @@ pub async fn survey(cfg: &SystemdConfig, psi_source: &Path) -> Vec<Finding> {
         }
     }
     f.unit = Some(unit);
-    // Without systemd's word on k3s's command line and environment, the files alone.
-    let inv = match &systemd {
-        Ok(s) => s.invocation().await.unwrap_or_default(),
-        Err(_) => Default::default(),
+    f.reserved = Some(read_reserved(cfg, systemd.as_ref().ok()).await);
+    judge(&f, &cfg.unit)
+}
+
+/// The reserved-memory finding alone (for `watch`'s metrics at its start): its state,
+/// and the bytes in force.
+pub async fn reserved_memory_now(cfg: &SystemdConfig) -> (&'static str, Option<u64>) {
+    let systemd = Systemd::connect(&cfg.unit, cfg.call_timeout.0).await.ok();
+    let f = Facts { reserved: Some(read_reserved(cfg, systemd.as_ref()).await), ..Default::default() };
+    let found = judge(&f, &cfg.unit).into_iter().find(|x| x.protection == "reserved memory");
+    let found = found.expect("judge always says the reserved memory");
+    let in_force = matches!(found.state, IN_PLACE | LOWERED);
+    let bytes = found.value.filter(|_| in_force).and_then(|v| kubelet::quantity_bytes(&v)).map(|b| b as u64);
+    (found.state, bytes)
+}
+
+/// The kubelet's reserved memory from k3s's configuration, with the unit's command line
+/// and environment from systemd (without it, the files alone).
+async fn read_reserved(cfg: &SystemdConfig, systemd: Option<&Systemd>) -> Result<ReservedMemory, String> {
+    let inv = match systemd {
+        Some(s) => s.invocation().await.unwrap_or_default(),
+        None => Default::default(),
     };
     let eff = super::k3s_flags::effective(&cfg.dropin, &Default::default(), &inv, None);
-    f.reserved = Some(eff.map(|e| ReservedMemory::of(&e)).map_err(|e| format!("{e:#}")));
-    judge(&f, &cfg.unit)
+    eff.map(|e| ReservedMemory::of(&e)).map_err(|e| format!("{e:#}"))
 }
 
 fn cgroup_v2_memory(root: &Path) -> bool {
