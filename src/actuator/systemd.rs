@@ -557,15 +557,16 @@ pub fn record_start(
 
 /// How k3s is being started, seen from its `ExecStartPre` hook: the environment is the
 /// unit's own (systemd gives the hook the same), the command line systemd's word,
-/// asked briefly (a bus that does not answer delays k3s's start by at most 2 s; without
-/// it the files alone are read).
+/// asked briefly (a bus that does not answer delays k3s's start by at most 2 s in all;
+/// without it the files alone are read).
 fn hook_invocation(sd: &SystemdConfig) -> crate::k3s_config::Invocation {
     let bound = sd.call_timeout.0.min(Duration::from_secs(2));
     let ask = async {
         let systemd = dbus::Systemd::connect(&sd.unit, bound).await.ok()?;
         systemd.exec_start().await.ok()?.into_iter().next()
     };
-    let argv = crate::runtime::runtime().ok().and_then(|rt| rt.block_on(ask));
+    let bounded = async { tokio::time::timeout(bound, ask).await.ok().flatten() };
+    let argv = crate::runtime::runtime().ok().and_then(|rt| rt.block_on(bounded));
     crate::k3s_config::Invocation { argv, env: std::env::vars().collect() }
 }
 

@@ -25,13 +25,20 @@ pub struct Overridden {
 impl fmt::Display for Overridden {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.got {
-            Some((value, from)) => write!(
-                f,
-                "{from} sets {key} = {value:?} after regrade's flags, so k3s would run with it rather than \
-                 regrade's {key} = {want}: remove {key} there (or write a list flag as `{key}+:`)",
-                key = self.key,
-                want = self.want,
-            ),
+            Some((value, from)) => {
+                let (key, want) = (&self.key, &self.want);
+                write!(
+                    f,
+                    "{from} sets {key} = {value:?} after regrade's flags, so k3s would run with it rather than \
+                     regrade's {key} = {want}: "
+                )?;
+                // A list (regrade's value written as one) is dropped by a plain key, kept by `key+:`.
+                if want.starts_with('[') {
+                    write!(f, "write it as `{key}+:` there")
+                } else {
+                    write!(f, "remove {key} there")
+                }
+            }
             None => write!(f, "{} = {} is not passed to k3s", self.key, self.want),
         }
     }
