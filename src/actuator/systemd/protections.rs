@@ -244,7 +244,8 @@ fn reserved_memory(r: &ReservedMemory, blank: Finding) -> Finding {
     let bytes = |q: &str| kubelet::quantity_bytes(q).unwrap_or(0);
     match (&r.in_force, r.shadowed.first()) {
         (Some(m), _) => {
-            let lowered = r.replaced.iter().find(|x| bytes(&x.value) > bytes(&x.by.value));
+            // Larger than what the kubelet ends with: lowered (a larger one after it is not).
+            let lowered = r.replaced.iter().find(|x| bytes(&x.value) > bytes(&m.value));
             let (state, words) = match lowered {
                 Some(x) => (
                     LOWERED,
@@ -489,9 +490,16 @@ mod tests {
         let f = judged();
         assert_eq!((f.state, f.value.as_deref()), (LOWERED, Some("768Mi")), "{f:?}");
         assert!(f.words.contains("2Gi") && f.words.contains("config.yaml"), "{f:?}");
-        // A larger reservation after a smaller one raises it: in place.
+        // A larger reservation after a smaller one raises it: in place. And a larger one
+        // still after the smaller: in place, at the last one's value.
         std::fs::write(d.path().join("config.yaml"), "kubelet-arg: [\"system-reserved=memory=512Mi\"]\n").unwrap();
         assert_eq!(judged().state, IN_PLACE);
+        let late = dropins.join("60-more.yaml");
+        std::fs::write(d.path().join("config.yaml"), "kubelet-arg: [\"system-reserved=memory=2Gi\"]\n").unwrap();
+        std::fs::write(&late, "kubelet-arg+: [\"system-reserved=memory=3Gi\"]\n").unwrap();
+        let f = judged();
+        assert_eq!((f.state, f.value.as_deref()), (IN_PLACE, Some("3Gi")), "{f:?}");
+        std::fs::remove_file(&late).unwrap();
         // k3s's configuration unreadable: said, not guessed.
         std::fs::write(dropins.join("60-broken.yaml"), "kubelet-arg: [\n").unwrap();
         let f = judged_unreadable(&dropins);
