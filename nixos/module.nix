@@ -72,6 +72,15 @@
   # k3s runs embedded etcd when it initialises a cluster or joins one; a config file or
   # extra flags may say so too (they are not read here).
   k3sFlags = lib.flatten [k3s.extraFlags];
+  # A memory reservation the operator already makes through the k3s module: regrade's own
+  # must not be installed after it. The kubelet keeps the last `system-reserved` value per
+  # key, and its flags beat its config file (extraKubeletConfig, in newer nixpkgs), so
+  # regrade's 40-regrade-reserved.yaml would replace a larger reservation with its own.
+  # (A reservation in configPath's file is not seen here; `regrade status` names it.)
+  operatorReservesMemory =
+    lib.any (f: lib.hasInfix "system-reserved" f && lib.hasInfix "memory=" f) k3sFlags
+    || ((k3s.extraKubeletConfig or {}).systemReserved.memory or null) != null;
+  installReserved = cfg.protect.systemReservedMemory != null && !configPathInStore && !operatorReservesMemory;
   flagGiven = flag: lib.any (f: f == flag || lib.hasPrefix "${flag} " f || lib.hasPrefix "${flag}=" f) k3sFlags;
   embeddedEtcd =
     k3s.clusterInit
@@ -224,6 +233,17 @@
     };
   };
 in {
+  # Options removed in earlier versions fail with what replaced them, not "does not exist".
+  imports = [
+    (lib.mkRemovedOptionModule ["services" "regrade" "rbac" "serviceAccount"] ''
+      Each server now has its own ServiceAccount, regrade/<Node>, bound to its Node and minted by
+      regrade-credentials.service (services.regrade.credential); deploy/rbac.yaml names them.
+      Remove the setting; services.regrade.kubeconfig chooses another credential.'')
+    (lib.mkRemovedOptionModule ["services" "regrade" "rbac" "namespace"] ''
+      regrade's RBAC lives in the namespace `regrade` (deploy/rbac.yaml), which
+      services.regrade.rbac.enable installs; it is not configurable. Remove the setting.'')
+  ];
+
   options.services.regrade = {
     enable = lib.mkEnableOption ''
       regrade on this k3s server: under sustained memory pressure it steps the server
@@ -621,9 +641,12 @@ in {
       };
       # cgroup v2 protects k3s.service only within its slice's own protection.
       systemd.slices.system.sliceConfig.MemoryLow = lib.mkIf (cfg.protect.memoryLow != null) cfg.protect.memoryLow;
-      systemd.tmpfiles.rules = lib.mkIf (cfg.protect.systemReservedMemory != null && !configPathInStore) [
+      systemd.tmpfiles.rules = lib.mkIf installReserved [
         "L+ ${k3sConfigFile}.d/40-regrade-reserved.yaml - - - - ${reservedFile}"
       ];
+      warnings =
+        lib.optional (cfg.protect.systemReservedMemory != null && operatorReservesMemory) ''
+          services.regrade.protect.systemReservedMemory (${toString cfg.protect.systemReservedMemory}) is not installed: services.k3s already reserves system memory for the kubelet (extraFlags or extraKubeletConfig.systemReserved), and regrade's reservation, read after it, would replace it. Set protect.systemReservedMemory = null to say so and silence this.'';
     })
 
     # Turning regrade off while the server is below full would leave it there: nothing
@@ -715,7 +738,7 @@ in {
         etcd = lib.mkIf (cfg.k3sDataDir != "/var/lib/rancher/k3s") (lib.mapAttrs (_: lib.mkDefault) etcdFiles);
         metrics = lib.mkIf cfg.metrics.enable {listen = metricsListen;};
         # The pods capped: the server's pressure, not theirs (settings.pressure.source).
-        pressure.source = lib.mkIf (cfg.protect.systemReservedMemory != null) (lib.mkDefault serverPsi);
+        pressure.source = lib.mkIf (cfg.protect.systemReservedMemory != null || operatorReservesMemory) (lib.mkDefault serverPsi);
       };
 
       networking.firewall.allowedTCPPorts = lib.mkIf (cfg.metrics.enable && cfg.metrics.openFirewall) [cfg.metrics.port];

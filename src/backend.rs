@@ -66,3 +66,32 @@ pub async fn protections(cfg: &Config) -> Vec<crate::actuator::systemd::protecti
 pub async fn protections(_cfg: &Config) -> Vec<crate::actuator::systemd::protections::Finding> {
     Vec::new()
 }
+
+/// Whether k3s would run at each level regrade steps to, with its configuration read as
+/// k3s reads it (`check-config`, `watch`'s start): an error names each level another
+/// file or k3s's command line overrides, with the file and the key.
+#[cfg(not(feature = "docker"))]
+pub async fn check_levels(cfg: &Config) -> anyhow::Result<()> {
+    crate::actuator::systemd::k3s_flags::check_levels_of_unit(&cfg.systemd, &cfg.levels).await
+}
+
+/// The Docker actuator's entrypoint puts a level's flags last on k3s's command line,
+/// where no config file and no earlier argument overrides them (the entrypoint says at
+/// each start what k3s runs with).
+#[cfg(feature = "docker")]
+pub async fn check_levels(_cfg: &Config) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// The kubelet's reserved memory as k3s's configuration gives it, into the metrics
+/// (`watch`'s start: k3s reads its files only when it starts); not judged for a k3s
+/// container.
+pub async fn note_reserved_memory(cfg: &Config) {
+    #[cfg(not(feature = "docker"))]
+    {
+        let (state, bytes) = crate::actuator::systemd::protections::reserved_memory_now(&cfg.systemd).await;
+        crate::metrics::METRICS.set_k3s_reserved_memory(state, bytes);
+    }
+    #[cfg(feature = "docker")]
+    let _ = cfg;
+}

@@ -96,7 +96,10 @@ pub enum Command {
         #[arg(long)]
         etcd_member: bool,
     },
-    /// Check the configuration file and print the settings in force.
+    /// Check the configuration file and print the settings in force; then check that
+    /// k3s would run each level's flags, its configuration read as k3s reads it (config
+    /// file, config.yaml.d, the unit's command line): a file or flag that overrides a
+    /// level is an error naming it and the key.
     CheckConfig,
     /// Say what regrade's credential (cluster.kubeconfig) may and may not do, as the API
     /// server answers: who it is, each right regrade needs and rights it never needs

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod fsutil;
 pub mod hold;
+pub mod k3s_config;
 pub mod kill_point;
 // The fsync mutation is a test build's; a release (optimised) build refuses it.
 #[cfg(all(feature = "fsync-faults", not(debug_assertions)))]

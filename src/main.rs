@@ -41,6 +41,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for w in cfg.cluster.warnings() {
                 eprintln!("regrade: warning: {w}");
             }
+            // Each level as k3s would run it: a level another file overrides is an error.
+            regrade::runtime::runtime()?.block_on(regrade::backend::check_levels(&cfg))?;
             eprintln!("regrade: {} is valid", cli.config.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -53,7 +55,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             simulate::record(&cfg, count, interval.as_deref(), etcd_member)
         }
         Command::Status { json } => status::run(&cfg, json),
-        Command::Watch { dry_run } => watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act }),
+        Command::Watch { dry_run } => {
+            let rt = regrade::runtime::runtime()?;
+            if !dry_run {
+                // A level whose flags k3s would not run with is refused before the first
+                // sample, never found out as a step that changed nothing.
+                rt.block_on(regrade::backend::check_levels(&cfg))?;
+            }
+            rt.block_on(regrade::backend::note_reserved_memory(&cfg));
+            drop(rt);
+            watch::run(&cfg, if dry_run { watch::Mode::DryRun } else { watch::Mode::Act })
+        }
         Command::Step { target } => hand::step_by_hand(&cfg, target),
         Command::RecordStart | Command::Entrypoint { .. } => unreachable!("handled before the configuration is loaded"),
     }

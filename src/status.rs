@@ -393,7 +393,8 @@ pub fn render(s: &Status, now: f64) -> String {
     }
     for (i, p) in s.protections.iter().enumerate() {
         let head = if i == 0 { "protections:" } else { "" };
-        let state = if p.state == "missing" { "MISSING" } else { p.state };
+        let state =
+            if matches!(p.state, "missing" | "shadowed" | "lowered") { p.state.to_uppercase() } else { p.state.into() };
         o += &format!("{head:<16}{}: {state}: {}\n", p.protection, p.words);
     }
     o

@@ -9,6 +9,12 @@
 //! configuration, as `--flag` arguments). So a level survives `docker restart`, a
 //! dockerd restart and a host reboot.
 //!
+//! The level recorded is the one k3s's flags say, read as k3s reads them inside the
+//! container ([`crate::k3s_config`]: `K3S_CONFIG_FILE`, `--config`, the default config
+//! file and its drop-ins, then ARGS, then the level's flags, which come last and so beat
+//! every file and argument before them): a config file of the container's own that
+//! runs another level's flags is said, and recorded as what k3s runs.
+//!
 //! k3s must always start: a missing, unreadable or corrupt level file, a broken
 //! configuration or a record that cannot be written all start k3s at `full` (its
 //! own arguments only), with a message on stderr (the container's log).
@@ -54,16 +60,49 @@ pub fn run(levels: anyhow::Result<LevelsConfig>, command: &[OsString]) -> anyhow
             (Level::Full, LevelsConfig::default())
         }
     };
-    if let Err(e) = fsutil::write_atomic(&record, format!("{level}\n").as_bytes(), 0o644, "start-record") {
+    let mut flags = flag_args(&levels.k3s_flags(level));
+    let started = started_at(&levels, level, command, &flags, std::env::vars().collect());
+    if let Err(e) = fsutil::write_atomic(&record, format!("{started}\n").as_bytes(), 0o644, "start-record") {
         // No record must mean `full` (what the actuator reads), so start at `full`.
         say(&format!("recording the started level in {}: {e:#}; starting k3s at full", record.display()));
         let _ = std::fs::remove_file(&record);
         level = Level::Full;
+        flags = flag_args(&levels.k3s_flags(level));
     }
-    let flags = flag_args(&levels.k3s_flags(level));
     say(&format!("starting k3s at level {level}{}", describe(&flags)));
     let err = std::process::Command::new(program).args(args).args(&flags).exec();
     Err(err).with_context(|| format!("entrypoint: exec {}", program.to_string_lossy()))
+}
+
+/// The level whose flags k3s runs with when started as `command` with `level`'s
+/// `flags` after it, its configuration read as k3s reads it in the container: `level`
+/// unless the container's own config files run another level's flags (said on stderr,
+/// with the file and key when no level's flags hold). An unreadable configuration is
+/// said and `level` kept: k3s itself will say more.
+fn started_at(
+    levels: &LevelsConfig,
+    level: Level,
+    command: &[OsString],
+    flags: &[String],
+    env: Vec<(String, String)>,
+) -> Level {
+    let argv = command.iter().map(|a| a.to_string_lossy().into_owned()).chain(flags.iter().cloned()).collect();
+    let inv = crate::k3s_config::Invocation { argv: Some(argv), env };
+    let eff = match crate::k3s_config::read(&crate::k3s_config::Distribution::k3s(), &inv, None) {
+        Ok(eff) => eff,
+        Err(e) => {
+            say(&format!("reading k3s's configuration: {e:#}; recording level {level}"));
+            return level;
+        }
+    };
+    let (started, overridden) = crate::k3s_config::levels::started_level(levels, &eff, None, Some(level));
+    if !overridden.is_empty() {
+        let why: Vec<String> = overridden.iter().map(|o| o.to_string()).collect();
+        say(&format!("k3s runs the flags of no level: {}; recording the nearest, {started}", why.join("; ")));
+    } else if started != level {
+        say(&format!("k3s's own configuration runs the flags of level {started}, not {level}: recording {started}"));
+    }
+    started
 }
 
 fn env_path(var: &str, default: &str) -> PathBuf {
@@ -148,6 +187,26 @@ mod tests {
             flag_args(&custom),
             ["--disable-agent=false", "--etcd-arg=a=1", "--etcd-arg=b=2", "--https-listen-port=7443", "--node-name=s1"]
         );
+    }
+
+    /// The level recorded is the one k3s's flags say: the container's config file
+    /// (K3S_CONFIG_FILE) can run etcd-only's flags at `full`; arguments before the
+    /// level's flags cannot undo them.
+    #[test]
+    fn the_level_recorded_is_the_one_k3s_flags_say() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.yaml");
+        let env = vec![("K3S_CONFIG_FILE".to_string(), config.display().to_string())];
+        let levels = LevelsConfig::default();
+        let k3s: Vec<OsString> = ["k3s", "server", "--disable-apiserver=false"].iter().map(OsString::from).collect();
+        let etcd_only = flag_args(&levels.k3s_flags(Level::EtcdOnly));
+        assert_eq!(started_at(&levels, Level::EtcdOnly, &k3s, &etcd_only, env.clone()), Level::EtcdOnly);
+        assert_eq!(started_at(&levels, Level::Full, &k3s[..2], &[], env.clone()), Level::Full);
+        std::fs::write(&config, "disable-apiserver: true\ndisable-controller-manager: true\ndisable-scheduler: true\n")
+            .unwrap();
+        assert_eq!(started_at(&levels, Level::Full, &k3s[..2], &[], env.clone()), Level::EtcdOnly);
+        std::fs::write(&config, "kubelet-arg: [\n").unwrap();
+        assert_eq!(started_at(&levels, Level::ControlPlane, &k3s[..2], &[], env), Level::ControlPlane, "unreadable");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 mod dbus;
 pub mod dropin;
+pub mod k3s_flags;
 pub mod protections;
 pub mod record;
 
@@ -132,33 +133,19 @@ impl SystemdActuator {
         Ok((systemd, before))
     }
 
-    /// The flag names regrade's drop-in sets at any level.
-    fn our_keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = Level::ALL.iter().flat_map(|&l| self.levels.k3s_flags(l).into_keys()).collect();
-        keys.sort();
-        keys.dedup();
-        keys
-    }
-
-    /// Refuses a restart whose flags k3s would not run with: a drop-in read after
-    /// regrade's, or k3s's command line, sets one of regrade's keys again.
+    /// Refuses a restart whose flags k3s would not run with: k3s's configuration, read
+    /// as k3s reads it with regrade's drop-in at each level, overrides a level's flags
+    /// (a file read after regrade's, the unit's command line), or does not read
+    /// regrade's drop-in at all. Every level, not only the step's: `check-config` and
+    /// `watch`'s start ask the same.
     async fn check_overrides(&self, systemd: &dbus::Systemd) -> anyhow::Result<()> {
-        let ours = self.our_keys();
-        let mut found = dropin::later_overrides(&self.cfg.dropin, &ours)?;
-        match systemd.exec_start().await {
-            Ok(commands) => {
-                for argv in commands {
-                    found.extend(dropin::command_line_overrides(&argv, &ours));
-                }
-            }
+        let inv = systemd.invocation().await.unwrap_or_else(|e| {
             // Not every unit is a plain service with a readable ExecStart: the files
             // are still checked.
-            Err(e) => tracing::debug!(error = %format!("{e:#}"), "could not read k3s's ExecStart"),
-        }
-        match found.first() {
-            None => Ok(()),
-            Some(o) => bail!("{o}; remove {:?} there, or regrade cannot step k3s", o.key),
-        }
+            tracing::debug!(error = %format!("{e:#}"), "could not read how systemd starts k3s");
+            Default::default()
+        });
+        k3s_flags::check_levels(&self.cfg.dropin, &self.levels, &inv)
     }
 
     /// The restart request as [`restart::send`] sends it: RestartUnit on a bus
@@ -546,28 +533,49 @@ impl Actuator for SystemdActuator {
 }
 
 /// `regrade record-start`, the `ExecStartPre` hook of k3s.service: records the level
-/// k3s is being started at. It never fails the start: an unreadable drop-in is
-/// recorded as `full`, and a record it cannot write is logged.
+/// k3s is being started at, read from the flags k3s will run with (its configuration
+/// as k3s builds it: the config file, its drop-ins, the unit's command line). It never
+/// fails the start: an unreadable configuration is recorded as the level the drop-in
+/// names (`full` without one), and a record it cannot write is logged.
 pub fn record_start(
     sd: &SystemdConfig,
     levels: &LevelsConfig,
     level_record: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let path = sd.dropin.display();
-    let started = match dropin::read(&sd.dropin, levels) {
-        Ok(Dropin::Absent) => Level::Full,
-        Ok(Dropin::Level(l)) => l,
+    let claimed = match dropin::read(&sd.dropin, levels) {
         Ok(Dropin::Edited { claimed: Some(l) }) => {
-            tracing::warn!(dropin = %path, level = %l, "the drop-in was edited by hand; recording the level it names");
-            l
+            tracing::warn!(dropin = %path, level = %l, "the drop-in was edited by hand; it names level {l}");
+            Some(l)
         }
         Ok(Dropin::Edited { claimed: None }) => {
-            tracing::warn!(dropin = %path, "the drop-in names no regrade level; recording full");
-            Level::Full
+            tracing::warn!(dropin = %path, "the drop-in names no regrade level");
+            None
         }
+        Ok(d) => d.level(),
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "could not read the drop-in; recording full");
-            Level::Full
+            None
+        }
+    };
+    let started = match k3s_flags::effective(&sd.dropin, levels, &hook_invocation(sd), None) {
+        Ok(eff) => {
+            let (level, overridden) = crate::k3s_config::levels::started_level(levels, &eff, Some(&sd.dropin), claimed);
+            if !overridden.is_empty() {
+                let why: Vec<String> = overridden.iter().map(|o| o.to_string()).collect();
+                tracing::error!(
+                    level = %level,
+                    "k3s starts with the flags of no regrade level: {}; recording the nearest",
+                    why.join("; ")
+                );
+            } else if claimed.is_some_and(|c| levels.needs_restart(c, level)) {
+                tracing::warn!(dropin = %path, level = %level, "k3s starts at another level than the drop-in names");
+            }
+            level
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "could not read k3s's configuration; recording the drop-in's level");
+            claimed.unwrap_or(Level::Full)
         }
     };
     // The level regrade holds the server at, if k3s starts with its flags: after a
@@ -597,6 +605,21 @@ pub fn record_start(
         Err(e) => tracing::error!(error = %format!("{e:#}"), "could not record the level k3s starts at"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How k3s is being started, seen from its `ExecStartPre` hook: the environment is the
+/// unit's own (systemd gives the hook the same), the command line systemd's word,
+/// asked briefly (a bus that does not answer delays k3s's start by at most 2 s in all;
+/// without it the files alone are read).
+fn hook_invocation(sd: &SystemdConfig) -> crate::k3s_config::Invocation {
+    let bound = sd.call_timeout.0.min(Duration::from_secs(2));
+    let ask = async {
+        let systemd = dbus::Systemd::connect(&sd.unit, bound).await.ok()?;
+        systemd.exec_start().await.ok()?.into_iter().next()
+    };
+    let bounded = async { tokio::time::timeout(bound, ask).await.ok().flatten() };
+    let argv = crate::runtime::runtime().ok().and_then(|rt| rt.block_on(bounded));
+    crate::k3s_config::Invocation { argv, env: std::env::vars().collect() }
 }
 
 #[cfg(test)]

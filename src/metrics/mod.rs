@@ -115,7 +115,15 @@ pub struct Metrics {
     etcd_member: EtcdMemberMetrics,
     /// The host's units: the largest, the one growing (`census`).
     units: units::UnitsMetrics,
+    /// The kubelet's `system-reserved` memory as k3s's configuration gives it, judged at
+    /// `watch`'s start (k3s reads its files only when it starts): bytes in force (NaN:
+    /// none, or not known), and its state, an index into `RESERVED_STATES`.
+    k3s_reserved_memory: AtomicF64,
+    k3s_reserved_state: AtomicU8,
 }
+
+/// The states of the kubelet's reserved memory, as `status` words them.
+const RESERVED_STATES: [&str; 5] = ["in place", "lowered", "shadowed", "missing", "unknown"];
 
 /// The last look at the local etcd member; NaN for what is not known.
 struct EtcdMemberMetrics {
@@ -196,7 +204,17 @@ impl Metrics {
                 looks: AtomicU64::new(0),
             },
             units: units::UnitsMetrics::new(),
+            k3s_reserved_memory: AtomicF64::nan(),
+            k3s_reserved_state: AtomicU8::new(NONE),
         }
+    }
+
+    /// The kubelet's reserved memory as `status` judges it (`state`, one of
+    /// `RESERVED_STATES`) and the bytes in force, at `watch`'s start.
+    pub fn set_k3s_reserved_memory(&self, state: &str, bytes_in_force: Option<u64>) {
+        let i = RESERVED_STATES.iter().position(|s| *s == state).map_or(NONE, |i| i as u8);
+        self.k3s_reserved_state.store(i, Relaxed);
+        self.k3s_reserved_memory.set(bytes_in_force.map_or(f64::NAN, |b| b as f64));
     }
 
     /// A census of the host's units (`census::Reader`, under pressure or when asked).
@@ -396,6 +414,24 @@ impl Metrics {
         family(o, "regrade_lease_held", "gauge", "1 while this server holds the cluster's step Lease.")?;
         writeln!(o, "regrade_lease_held {}", u8::from(self.lease_held.load(Relaxed)))?;
 
+        family(
+            o,
+            "regrade_k3s_reserved_memory_bytes",
+            "gauge",
+            "The kubelet's system-reserved memory as k3s's configuration gives it, at watch's start; NaN: none.",
+        )?;
+        writeln!(o, "regrade_k3s_reserved_memory_bytes {}", self.k3s_reserved_memory.get())?;
+        family(
+            o,
+            "regrade_k3s_reserved_memory_state",
+            "gauge",
+            "1 for the state of that reservation (in place, lowered, shadowed, missing, unknown), 0 for the others.",
+        )?;
+        let state = self.k3s_reserved_state.load(Relaxed);
+        for (i, s) in RESERVED_STATES.iter().enumerate() {
+            writeln!(o, "regrade_k3s_reserved_memory_state{{state=\"{s}\"}} {}", u8::from(state == i as u8))?;
+        }
+
         self.render_etcd_member(o)?;
         self.units.render(o)?;
 
@@ -515,9 +551,19 @@ pub(crate) mod tests {
             "regrade_etcd_member_wal_fsync_p99_seconds",
             "regrade_etcd_member_backend_commit_p99_seconds",
             "regrade_etcd_member_heartbeat_send_failures_total",
+            "regrade_k3s_reserved_memory_bytes",
+            "regrade_k3s_reserved_memory_state",
         ] {
             assert!(t.contains(&format!("# TYPE {name} ")), "{name} missing:\n{t}");
         }
+        assert_eq!(value(&t, "regrade_k3s_reserved_memory_bytes"), "NaN", "not judged yet");
+        let m = Metrics::new();
+        m.set_k3s_reserved_memory("shadowed", None);
+        let t = rendered(&m);
+        assert_eq!(value(&t, "regrade_k3s_reserved_memory_state{state=\"shadowed\"}"), "1");
+        assert_eq!(value(&t, "regrade_k3s_reserved_memory_state{state=\"in place\"}"), "0");
+        m.set_k3s_reserved_memory("in place", Some(768 << 20));
+        assert_eq!(value(&rendered(&m), "regrade_k3s_reserved_memory_bytes"), "805306368");
         assert_eq!(value(&t, "regrade_etcd_member_healthy"), "NaN", "not looked at yet: not known");
         assert_eq!(value(&t, &format!("regrade_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"))), "1");
         for l in Level::ALL {

@@ -192,6 +192,11 @@
           type = types.bool;
           default = false;
         };
+        # Newer nixpkgs (rancher/default.nix since 25.05): the kubelet's config file.
+        extraKubeletConfig = mkOption {
+          type = types.attrs;
+          default = {};
+        };
         # rancher/default.nix's manifestModule; `source` has no default and is derived
         # from `content` when that is set (there with mkDerivedConfig).
         manifests = mkOption {
@@ -751,6 +756,32 @@ in {
       renewPeriod = "15m";
     };
   };
+  # Options removed in earlier rounds fail with what replaced them (mkRemovedOptionModule).
+  removedOptions = lib.mapAttrs (_: c: let
+    msgs = try (failing (eval c));
+  in
+    if builtins.isList msgs
+    then map (m: lib.hasInfix "no longer has any effect" m && lib.hasInfix "regrade" m && lib.hasInfix "deploy/rbac.yaml" m) msgs
+    else msgs) {
+    serviceAccount.services.regrade.rbac.serviceAccount = "regrade";
+    namespace.services.regrade.rbac.namespace = "kube-system";
+  };
+  # A host that already reserves system memory for the kubelet: regrade's reservation
+  # (read after it, and the kubelet keeps the last value) is not installed, and it says so.
+  operatorReserves = let
+    reservedRules = c: lib.filter (lib.hasInfix "40-regrade-reserved.yaml") c.systemd.tmpfiles.rules;
+    seen = c: {
+      reserved = reservedRules c;
+      warned = lib.any (lib.hasInfix "protect.systemReservedMemory (768Mi) is not installed") c.warnings;
+      source = c.services.regrade.settings.pressure.source;
+    };
+  in
+    tryEach {
+      extraFlags = seen (eval {services.k3s.extraFlags = ["--kubelet-arg=system-reserved=memory=2Gi"];});
+      extraFlagsString = seen (eval {services.k3s.extraFlags = "--node-ip=10.0.0.1 --kubelet-arg system-reserved=cpu=1,memory=2Gi";});
+      kubeletConfig = seen (eval {services.k3s.extraKubeletConfig.systemReserved.memory = "2Gi";});
+      otherKubeletArg = seen (eval {services.k3s.extraFlags = ["--kubelet-arg=max-pods=50"];});
+    };
   # Each way a server has etcd passes the no-etcd assertion.
   etcdWays = lib.mapAttrs (_: c: try (failing (eval ({services.k3s.configPath = lib.mkForce null;} // c)))) {
     clusterInit.services.k3s.clusterInit = true;

@@ -92,6 +92,14 @@ check(p["pressureSource"] == {"reserved": "/sys/fs/cgroup/system.slice/memory.pr
       f"pressure.source: system.slice's while the pods are capped, regrade's default (null) without, the operator's when set: {p['pressureSource']}")
 check(p["cgroupPsiWritable"][-1] == "-/sys/fs/cgroup/kubepods.slice/memory.pressure" and not any("system.slice" in w for w in p["cgroupPsiWritable"]),
       f"pressure.memory_cgroup read for PSI (no reservation): its memory.pressure writable for the trigger: {p['cgroupPsiWritable']}")
+o = d["operatorReserves"]
+for case in ["extraFlags", "extraFlagsString", "kubeletConfig"]:
+    check(o[case] == {"reserved": [], "warned": True, "source": "/sys/fs/cgroup/system.slice/memory.pressure"},
+          f"the host already reserves memory ({case}): regrade's reservation is not installed over it, a warning says so, the server's PSI is read: {o[case]}")
+check(len(o["otherKubeletArg"]["reserved"]) == 1 and not o["otherKubeletArg"]["warned"],
+      f"another kubelet-arg is no reservation: regrade's is installed: {o['otherKubeletArg']}")
+for case, said in d["removedOptions"].items():
+    check(said == [True], f"the removed option services.regrade.rbac.{case} fails saying what replaced it: {said}")
 pre = en["units"]["k3s"]["serviceConfig"]["ExecStartPre"]
 check(len(pre) == 1 and pre[0].startswith("-/nix/store/"), "k3s ExecStartPre is one '-'-prefixed hook: %s" % pre)
 svc = en["units"]["regrade"]["serviceConfig"]

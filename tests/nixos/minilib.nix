@@ -16,6 +16,7 @@
 #     definitions, package and mergeOneOption exactly one, lists concatenate, attrsOf
 #     merges per name, nullOr refuses null mixed with non-null, either picks the type all
 #     definitions fit, submodule evaluates its definitions as modules).
+#   - mkRemovedOptionModule (an assertion naming the option and what replaced it).
 # What it does not do: option documentation, mkOrder/mkBefore, mkRenamedOption*,
 # disabledModules, _module.args, type merging of twice-declared options. eval-module.sh
 # runs the same scenarios with the real lib when NIXPKGS_LIB is given, so the two can be
@@ -390,6 +391,28 @@ let
   };
 
   mkOption = attrs: attrs // {_type = "option";};
+  setAttrByPath = path: v:
+    if path == []
+    then v
+    else {${head path} = setAttrByPath (tail path) v;};
+  getAttrFromPath = path: set: foldl' (s: n: s.${n}) set path;
+  # lib.mkRemovedOptionModule: the option stays declared (hidden), and a definition of it
+  # fails an assertion that says what replaced it. nixpkgs' asks `options` whether it is
+  # defined and names the defining files; here an unset option keeps a marker default.
+  mkRemovedOptionModule = optionName: replacementInstructions: {config, ...}: let
+    unset = "<minilib: a removed option, not defined>";
+  in {
+    options = setAttrByPath optionName (mkOption {
+      visible = false;
+      default = unset;
+    });
+    config.assertions = [
+      {
+        assertion = getAttrFromPath optionName config == unset;
+        message = "The option definition `${showOption optionName}' no longer has any effect; please remove it.\n${replacementInstructions}";
+      }
+    ];
+  };
   mkEnableOption = name:
     mkOption {
       type = types.bool;
@@ -587,6 +610,7 @@ let
       mkOptionDefault
       mkOptionType
       mkOverride
+      mkRemovedOptionModule
       nameValuePair
       optional
       optionalAttrs

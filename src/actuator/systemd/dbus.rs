@@ -214,6 +214,28 @@ impl Systemd {
         Ok(commands.into_iter().map(|c| c.1).collect())
     }
 
+    /// How the unit starts k3s, for reading k3s's configuration as k3s will: the first
+    /// `ExecStart=` command line, `Environment=`, and the `EnvironmentFile=`s' variables
+    /// (a missing `-`-prefixed file has none). A unit with no ExecStart (not loaded)
+    /// gives no command line.
+    pub async fn invocation(&self) -> anyhow::Result<crate::k3s_config::Invocation> {
+        let argv = self.exec_start().await?.into_iter().next();
+        let path = self.unit_path().await?;
+        // EnvironmentFile= overrides Environment= (systemd.exec(5)); the last one counts.
+        let vars: Vec<String> = self.property(&path, SERVICE, "Environment").await?;
+        let mut env: Vec<(String, String)> =
+            vars.iter().filter_map(|v| v.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let files: Vec<(String, bool)> = self.property(&path, SERVICE, "EnvironmentFiles").await?;
+        for (file, optional) in files {
+            match std::fs::read_to_string(&file) {
+                Ok(text) => env.extend(crate::k3s_config::environment_file(&text)),
+                Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {}'s EnvironmentFile {file}", self.unit)),
+            }
+        }
+        Ok(crate::k3s_config::Invocation { argv, env })
+    }
+
     /// The service's `Result` (e.g. "exit-code"), for an error message.
     pub async fn result(&self) -> String {
         let read = async {

@@ -126,98 +126,7 @@ pub fn put(path: &Path, content: Option<&[u8]>) -> anyhow::Result<()> {
 }
 
 /// Whether k3s reads `name` in `config.yaml.d`: `*.yaml` and `*.yml`, any case.
-pub fn is_k3s_config_name(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.ends_with(".yaml") || lower.ends_with(".yml")
-}
-
-/// A key regrade sets that something k3s reads later sets again.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Override {
-    /// The file (or `the k3s command line`) that sets it.
-    pub source: String,
-    pub key: String,
-}
-
-impl std::fmt::Display for Override {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} sets {:?} too, after regrade's drop-in, so k3s would not run with regrade's value",
-            self.source, self.key
-        )
-    }
-}
-
-/// The top-level keys of a k3s config file. k3s config files are flat maps of flag
-/// names; this reads the keys without a YAML parser: lines that start in column 0
-/// and are neither comments nor list items, up to the first `:`. A key written
-/// `name+` appends to a list flag rather than replacing it, so it does not count.
-pub fn top_level_keys(text: &str) -> Vec<String> {
-    let mut keys = Vec::new();
-    for line in text.lines() {
-        if line.is_empty() || line.starts_with([' ', '\t', '#', '-']) || line.starts_with("---") {
-            continue;
-        }
-        let Some(colon) = line.find(':') else { continue };
-        let key = line[..colon].trim().trim_matches(|c| c == '"' || c == '\'');
-        if key.is_empty() || key.ends_with('+') {
-            continue;
-        }
-        keys.push(key.to_string());
-    }
-    keys
-}
-
-/// The files in the drop-in's directory that k3s reads after regrade's own (name
-/// order, case-insensitive), and the keys of `ours` each of them sets again.
-/// A directory that does not exist has none.
-pub fn later_overrides(dropin: &Path, ours: &[String]) -> anyhow::Result<Vec<Override>> {
-    let Some(dir) = dropin.parent() else { return Ok(Vec::new()) };
-    let own = dropin.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
-    };
-    let mut later: Vec<String> = Vec::new();
-    for entry in entries {
-        let name =
-            entry.with_context(|| format!("listing {}", dir.display()))?.file_name().to_string_lossy().into_owned();
-        if is_k3s_config_name(&name) && name != own && name.to_ascii_lowercase() > own.to_ascii_lowercase() {
-            later.push(name);
-        }
-    }
-    later.sort_by_key(|n| n.to_ascii_lowercase());
-    let mut found = Vec::new();
-    for name in later {
-        let path = dir.join(&name);
-        let Some(text) = fsutil::read_string_if_exists(&path).with_context(|| format!("reading {}", path.display()))?
-        else {
-            continue;
-        };
-        for key in top_level_keys(&text) {
-            if ours.contains(&key) {
-                found.push(Override { source: path.display().to_string(), key });
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// The keys of `ours` that k3s's command line sets too: a command-line flag beats
-/// every config file.
-pub fn command_line_overrides(argv: &[String], ours: &[String]) -> Vec<Override> {
-    let mut found = Vec::new();
-    for arg in argv {
-        let Some(flag) = arg.strip_prefix("--") else { continue };
-        let name = flag.split('=').next().unwrap_or(flag);
-        if ours.iter().any(|k| k == name) {
-            found.push(Override { source: "the k3s command line".to_string(), key: name.to_string() });
-        }
-    }
-    found
-}
+pub use crate::k3s_config::is_config_name as is_k3s_config_name;
 
 #[cfg(test)]
 mod tests {
@@ -233,37 +142,6 @@ mod tests {
         for no in ["a.yaml~", "b.json", "yaml", "c.yaml.bak"] {
             assert!(!is_k3s_config_name(no), "{no}");
         }
-    }
-
-    #[test]
-    fn top_level_keys_skip_comments_lists_and_appends() {
-        let text = "# c\ndisable-apiserver: false\n\"node-label\":\n  - a=b\nnode-taint+:\n  - x\n---\n- item\n";
-        assert_eq!(top_level_keys(text), ["disable-apiserver", "node-label"]);
-    }
-
-    #[test]
-    fn a_later_file_that_sets_our_key_is_found_and_an_earlier_one_is_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let ours = dir.path().join("50-regrade.yaml");
-        fs::write(&ours, "disable-apiserver: true\n").unwrap();
-        fs::write(dir.path().join("10-early.yaml"), "disable-apiserver: false\n").unwrap();
-        fs::write(dir.path().join("90-late.YML"), "disable-scheduler: false\nnode-name: x\n").unwrap();
-        fs::write(dir.path().join("95-notes.txt"), "disable-apiserver: false\n").unwrap();
-        let keys = ["disable-apiserver".to_string(), "disable-scheduler".to_string()];
-        let found = later_overrides(&ours, &keys).unwrap();
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].source.ends_with("90-late.YML") && found[0].key == "disable-scheduler", "{found:?}");
-        assert!(later_overrides(&dir.path().join("none/x.yaml"), &keys).unwrap().is_empty());
-    }
-
-    #[test]
-    fn command_line_flags_that_set_our_keys_are_found() {
-        let argv: Vec<String> = ["/bin/k3s", "server", "--disable-apiserver=false", "--node-name", "a"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let found = command_line_overrides(&argv, &["disable-apiserver".to_string()]);
-        assert_eq!(found, [Override { source: "the k3s command line".into(), key: "disable-apiserver".into() }]);
     }
 
     fn levels(toml: &str) -> LevelsConfig {

@@ -2,7 +2,9 @@
 //! (packaging/systemd/k3s.service.d/40-regrade-protect.conf, the NixOS module's
 //! `services.regrade.protect`): k3s.service's `MemoryLow=`/`MemoryMin=` and its
 //! slice's (cgroup v2 only), its `OOMScoreAdjust=` and the k3s process's
-//! `oom_score_adj` now, and the kubelet's `system-reserved` memory in k3s's config.
+//! `oom_score_adj` now, and the kubelet's `system-reserved` memory as k3s will pass it
+//! (its configuration read as k3s reads it, [`crate::k3s_config`]): in force, shadowed
+//! by a later file, or lowering a larger reservation made before it.
 //!
 //! With the pods capped on cgroup v2 it also says whether regrade reads the server's
 //! PSI rather than the host's.
@@ -11,6 +13,9 @@
 //! [`judge`] turns what was read into plain words, and is table-tested.
 
 use std::path::{Path, PathBuf};
+
+use crate::k3s_config::kubelet::{self, MapEntry, Replaced};
+use crate::k3s_config::Effective;
 
 use serde::Serialize;
 
@@ -31,26 +36,80 @@ pub struct Facts {
     pub slice: String,
     /// The k3s main process's `oom_score_adj` now.
     pub main_oom_score_adj: Option<i32>,
-    /// The k3s config file that sets the kubelet's `system-reserved`, if one does.
-    pub system_reserved_in: Option<PathBuf>,
+    /// The kubelet's `system-reserved` memory as k3s will pass it, or why k3s's
+    /// configuration could not be read; `None`: not read.
+    pub reserved: Option<Result<ReservedMemory, String>>,
     /// The PSI file regrade reads (`pressure.source`, resolved).
     pub psi_source: PathBuf,
+}
+
+/// The kubelet's `system-reserved` memory as k3s's configuration gives it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ReservedMemory {
+    /// What the kubelet reserves, and the file (or command line) it comes from.
+    pub in_force: Option<MapEntry>,
+    /// Reservations a later file's plain `kubelet-arg:` dropped: the value, its file,
+    /// and the file that dropped it.
+    pub shadowed: Vec<(String, PathBuf, PathBuf)>,
+    /// Reservations a later `system-reserved` memory replaced (the kubelet keeps the last).
+    pub replaced: Vec<Replaced>,
+}
+
+impl ReservedMemory {
+    pub fn of(eff: &Effective) -> ReservedMemory {
+        let flag = kubelet::map_flag(eff, "system-reserved");
+        let shadowed = eff
+            .shadowed
+            .iter()
+            .filter(|s| s.key == "kubelet-arg")
+            .filter_map(|s| {
+                let pairs = kubelet::pairs_of(&s.value, "system-reserved")?;
+                let memory = pairs.into_iter().rev().find(|(k, _)| k == "memory")?.1;
+                Some((memory, s.was_in.clone(), s.by.clone()))
+            })
+            .collect();
+        ReservedMemory {
+            in_force: flag.entries.get("memory").cloned(),
+            shadowed,
+            replaced: flag.replaced.into_iter().filter(|r| r.key == "memory").collect(),
+        }
+    }
 }
 
 /// One protection, as `status` says it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
     pub protection: &'static str,
-    /// `in place`, `missing`, `not on this host` (cgroup v1) or `unknown`.
+    /// `in place`, `missing`, `shadowed` (set, but a later file drops it), `lowered` (in
+    /// force, but smaller than one it replaced), `not on this host` (cgroup v1) or `unknown`.
     pub state: &'static str,
     /// What is in force, or what is missing and what to do about it.
     pub words: String,
+    /// The value in force (or set and shadowed), as its source writes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Where that value comes from: a file, k3s's command line, the unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The file that drops it, for a shadowed setting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadowed_by: Option<String>,
+}
+
+impl Finding {
+    fn at(mut self, value: impl ToString, source: impl ToString) -> Finding {
+        self.value = Some(value.to_string());
+        self.source = Some(source.to_string());
+        self
+    }
 }
 
 const IN_PLACE: &str = "in place";
 const MISSING: &str = "missing";
 const NOT_HERE: &str = "not on this host";
 const UNKNOWN: &str = "unknown";
+const SHADOWED: &str = "shadowed";
+const LOWERED: &str = "lowered";
 
 /// The PSI of k3s and the system, not the pods', on cgroup v2 (systemd puts k3s.service
 /// in system.slice, the kubelet the pods in kubepods.slice beside it).
@@ -65,7 +124,14 @@ fn mib(b: u64) -> String {
 
 /// The findings, one per protection, in plain words an operator can act on.
 pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
-    let found = |protection, state, words: String| Finding { protection, state, words };
+    let found = |protection, state, words: String| Finding {
+        protection,
+        state,
+        words,
+        value: None,
+        source: None,
+        shadowed_by: None,
+    };
     let unit = match &f.unit {
         Some(Ok(u)) => Ok(u),
         Some(Err(e)) => Err(format!("could not ask systemd about {unit_name}: {e}")),
@@ -88,7 +154,8 @@ pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
                 "{unit_name} has no MemoryLow= or MemoryMin=: under pressure the kernel reclaims k3s's and \
                  etcd's pages as readily as the pods'; {FIX_UNIT}"
             ),
-        ),
+        )
+        .at(mib(0), unit_name),
         (true, Ok(u)) => {
             let p = u.memory_low.max(u.memory_min);
             let slice = f.slice_low.unwrap_or(0).max(f.slice_min.unwrap_or(0));
@@ -105,48 +172,53 @@ pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
                         mib(slice)
                     ),
                 )
+                .at(mib(slice), &f.slice)
             } else {
                 found("memory protection", IN_PLACE, format!("{unit_name} {} protected, {} {}", mib(p), f.slice, mib(slice)))
+                    .at(mib(p), unit_name)
             }
         }
     });
     match unit {
         Err(e) => out.push(found("OOM score", UNKNOWN, e)),
-        Ok(u) if u.oom_score_adjust < 0 => out.push(found(
-            "OOM score",
-            IN_PLACE,
-            format!("{unit_name} starts at OOMScoreAdjust={}, also during a restart", u.oom_score_adjust),
-        )),
-        Ok(u) => out.push(found(
-            "OOM score",
-            MISSING,
-            format!(
-                "{unit_name} starts at OOMScoreAdjust={}: until its kubelet sets -999, k3s (etcd with it) is the \
-                 OOM killer's likely pick, during every restart; {FIX_UNIT}",
-                u.oom_score_adjust
-            ),
-        )),
+        Ok(u) if u.oom_score_adjust < 0 => out.push(
+            found(
+                "OOM score",
+                IN_PLACE,
+                format!("{unit_name} starts at OOMScoreAdjust={}, also during a restart", u.oom_score_adjust),
+            )
+            .at(u.oom_score_adjust, unit_name),
+        ),
+        Ok(u) => out.push(
+            found(
+                "OOM score",
+                MISSING,
+                format!(
+                    "{unit_name} starts at OOMScoreAdjust={}: until its kubelet sets -999, k3s (etcd with it) is the \
+                     OOM killer's likely pick, during every restart; {FIX_UNIT}",
+                    u.oom_score_adjust
+                ),
+            )
+            .at(u.oom_score_adjust, unit_name),
+        ),
     }
     if let (Some(adj), Some(Ok(u))) = (f.main_oom_score_adj, &f.unit) {
         let state = if adj < 0 { IN_PLACE } else { MISSING };
-        out.push(found("k3s process", state, format!("PID {} at oom_score_adj {adj} now", u.main_pid)));
+        out.push(
+            found("k3s process", state, format!("PID {} at oom_score_adj {adj} now", u.main_pid))
+                .at(adj, format!("/proc/{}/oom_score_adj", u.main_pid)),
+        );
     }
-    out.push(match &f.system_reserved_in {
-        Some(p) => {
-            found("reserved memory", IN_PLACE, format!("the kubelet's system-reserved is set in {}", p.display()))
-        }
-        None => found(
-            "reserved memory",
-            MISSING,
-            "no system-reserved memory for the kubelet: the pods may take all of RAM; install \
-             packaging/k3s/40-regrade-reserved.yaml into k3s's config.yaml.d (NixOS: \
-             services.regrade.protect.systemReservedMemory); k3s reads it at its next start"
-                .into(),
-        ),
-    });
+    let reserved = match &f.reserved {
+        None => found("reserved memory", UNKNOWN, "k3s's configuration was not read".into()),
+        Some(Err(e)) => found("reserved memory", UNKNOWN, format!("could not read k3s's configuration: {e}")),
+        Some(Ok(r)) => reserved_memory(r, found("reserved memory", MISSING, String::new())),
+    };
+    let capped = matches!(reserved.state, IN_PLACE | LOWERED);
+    out.push(reserved);
     // With the pods capped, the host-wide PSI counts their own thrash inside the cap,
     // which no step of this server relieves (docs/incident-vm.md, the reserved runs).
-    if f.cgroup_v2_memory && f.system_reserved_in.is_some() {
+    if f.cgroup_v2_memory && capped {
         out.push(if f.psi_source == Path::new(crate::pressure::PROC_PSI) {
             found(
                 "server's pressure",
@@ -160,9 +232,55 @@ pub fn judge(f: &Facts, unit_name: &str) -> Vec<Finding> {
             )
         } else {
             found("server's pressure", IN_PLACE, format!("regrade reads PSI from {}", f.psi_source.display()))
+                .at(f.psi_source.display(), "pressure.source")
         });
     }
     out
+}
+
+/// The reserved-memory finding (`blank` filled in): in force (or lowering a larger
+/// reservation it replaced), shadowed by a later file's plain `kubelet-arg:`, or missing.
+fn reserved_memory(r: &ReservedMemory, blank: Finding) -> Finding {
+    let bytes = |q: &str| kubelet::quantity_bytes(q).unwrap_or(0);
+    match (&r.in_force, r.shadowed.first()) {
+        (Some(m), _) => {
+            // Larger than what the kubelet ends with: lowered (a larger one after it is not).
+            let lowered = r.replaced.iter().find(|x| bytes(&x.value) > bytes(&m.value));
+            let (state, words) = match lowered {
+                Some(x) => (
+                    LOWERED,
+                    format!(
+                        "the kubelet reserves memory={} from {}, which replaces the larger memory={} of {} (the \
+                         kubelet keeps the last value of a key): remove the smaller one, or make it at least as large; \
+                         packaging/k3s/40-regrade-reserved.yaml is not for a host that reserves memory already",
+                        m.value, m.from, x.value, x.from
+                    ),
+                ),
+                None => (IN_PLACE, format!("the kubelet reserves memory={} for the system, from {}", m.value, m.from)),
+            };
+            Finding { state, words, ..blank }.at(&m.value, &m.from)
+        }
+        (None, Some((value, was_in, by))) => Finding {
+            state: SHADOWED,
+            words: format!(
+                "system-reserved memory={value} in {} is not passed to the kubelet: {}, read after it, sets \
+                 kubelet-arg without `+`, which replaces every earlier kubelet-arg; write `kubelet-arg+:` there \
+                 (or name the reservation in it too). The pods may take all of RAM",
+                was_in.display(),
+                by.display()
+            ),
+            shadowed_by: Some(by.display().to_string()),
+            ..blank
+        }
+        .at(value, was_in.display()),
+        (None, None) => Finding {
+            words: "no system-reserved memory for the kubelet: the pods may take all of RAM; install \
+                    packaging/k3s/40-regrade-reserved.yaml into k3s's config.yaml.d (NixOS: \
+                    services.regrade.protect.systemReservedMemory); k3s reads it at its next start"
+                .into(),
+            ..blank
+        },
+    }
 }
 
 /// Reads what [`judge`] needs: systemd over D-Bus (bounded by `systemd.call_timeout`),
@@ -173,8 +291,12 @@ pub async fn survey(cfg: &SystemdConfig, psi_source: &Path) -> Vec<Finding> {
         psi_source: psi_source.to_path_buf(),
         ..Default::default()
     };
-    let unit = async { Systemd::connect(&cfg.unit, cfg.call_timeout.0).await?.protection().await };
-    let unit = unit.await.map_err(|e| format!("{e:#}"));
+    let systemd = Systemd::connect(&cfg.unit, cfg.call_timeout.0).await;
+    let unit = match &systemd {
+        Ok(s) => s.protection().await,
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+    };
+    let unit = unit.map_err(|e| format!("{e:#}"));
     if let Ok(u) = &unit {
         let cgroup = Path::new("/sys/fs/cgroup").join(u.control_group.trim_start_matches('/'));
         if let Some(slice) = cgroup.parent() {
@@ -191,8 +313,31 @@ pub async fn survey(cfg: &SystemdConfig, psi_source: &Path) -> Vec<Finding> {
         }
     }
     f.unit = Some(unit);
-    f.system_reserved_in = system_reserved_in(&cfg.dropin);
+    f.reserved = Some(read_reserved(cfg, systemd.as_ref().ok()).await);
     judge(&f, &cfg.unit)
+}
+
+/// The reserved-memory finding alone (for `watch`'s metrics at its start): its state,
+/// and the bytes in force.
+pub async fn reserved_memory_now(cfg: &SystemdConfig) -> (&'static str, Option<u64>) {
+    let systemd = Systemd::connect(&cfg.unit, cfg.call_timeout.0).await.ok();
+    let f = Facts { reserved: Some(read_reserved(cfg, systemd.as_ref()).await), ..Default::default() };
+    let found = judge(&f, &cfg.unit).into_iter().find(|x| x.protection == "reserved memory");
+    let found = found.expect("judge always says the reserved memory");
+    let in_force = matches!(found.state, IN_PLACE | LOWERED);
+    let bytes = found.value.filter(|_| in_force).and_then(|v| kubelet::quantity_bytes(&v)).map(|b| b as u64);
+    (found.state, bytes)
+}
+
+/// The kubelet's reserved memory from k3s's configuration, with the unit's command line
+/// and environment from systemd (without it, the files alone).
+async fn read_reserved(cfg: &SystemdConfig, systemd: Option<&Systemd>) -> Result<ReservedMemory, String> {
+    let inv = match systemd {
+        Some(s) => s.invocation().await.unwrap_or_default(),
+        None => Default::default(),
+    };
+    let eff = super::k3s_flags::effective(&cfg.dropin, &Default::default(), &inv, None);
+    eff.map(|e| ReservedMemory::of(&e)).map_err(|e| format!("{e:#}"))
 }
 
 fn cgroup_v2_memory(root: &Path) -> bool {
@@ -208,21 +353,10 @@ fn read_bytes(path: &Path) -> Option<u64> {
     }
 }
 
-/// The file of k3s's configuration that sets `system-reserved`: k3s's config file
-/// beside regrade's drop-in directory, or a drop-in in it.
-fn system_reserved_in(dropin: &Path) -> Option<PathBuf> {
-    let dir = dropin.parent()?;
-    let config = dir.to_str()?.strip_suffix(".d").map(PathBuf::from);
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
-    files.sort();
-    files.extend(config);
-    files.into_iter().find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("system-reserved")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k3s_config::Source;
 
     fn unit(low: u64, oom: i32) -> UnitProtection {
         UnitProtection {
@@ -247,7 +381,13 @@ mod tests {
             slice_min: Some(0),
             slice: "system.slice".into(),
             main_oom_score_adj: Some(-999),
-            system_reserved_in: Some("/etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml".into()),
+            reserved: Some(Ok(ReservedMemory {
+                in_force: Some(MapEntry {
+                    value: "768Mi".into(),
+                    from: Source::File("/etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml".into()),
+                }),
+                ..Default::default()
+            })),
             psi_source: SERVER_PSI.into(),
         };
         assert_eq!(
@@ -269,7 +409,7 @@ mod tests {
             unit: Some(Ok(unit(0, 0))),
             slice_low: Some(0),
             main_oom_score_adj: Some(0),
-            system_reserved_in: None,
+            reserved: Some(Ok(ReservedMemory::default())),
             ..all.clone()
         };
         let words = judge(&none, "k3s.service");
@@ -309,7 +449,7 @@ mod tests {
     }
 
     #[test]
-    fn files_are_read_as_the_kernel_and_k3s_write_them() {
+    fn cgroup_files_are_read_as_the_kernel_writes_them() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
         assert!(cgroup_v2_memory(d.path()));
@@ -317,17 +457,66 @@ mod tests {
         assert!(!cgroup_v2_memory(d.path()) && !cgroup_v2_memory(&d.path().join("absent")));
         std::fs::write(d.path().join("memory.low"), "max\n").unwrap();
         assert_eq!(read_bytes(&d.path().join("memory.low")), Some(u64::MAX));
+    }
+
+    /// k3s's configuration read as k3s reads it: the reservation in force with its
+    /// value and file, shadowed by a later file's plain `kubelet-arg:` (the review's
+    /// proof, issue 58), lowering an operator's larger one, or missing.
+    #[test]
+    fn the_reservation_is_judged_as_the_kubelet_gets_it() {
+        let d = tempfile::tempdir().unwrap();
         let dropins = d.path().join("config.yaml.d");
         std::fs::create_dir(&dropins).unwrap();
-        let dropin = dropins.join("50-regrade.yaml");
-        assert_eq!(system_reserved_in(&dropin), None);
-        std::fs::write(d.path().join("config.yaml"), "kubelet-arg:\n  - system-reserved=memory=1Gi\n").unwrap();
-        assert_eq!(system_reserved_in(&dropin), Some(d.path().join("config.yaml")));
-        std::fs::write(
-            dropins.join("40-regrade-reserved.yaml"),
-            "kubelet-arg+:\n  - \"system-reserved=memory=512Mi\"\n",
-        )
-        .unwrap();
-        assert_eq!(system_reserved_in(&dropin), Some(dropins.join("40-regrade-reserved.yaml")));
+        let judged = || {
+            let dropin = dropins.join("50-regrade.yaml");
+            let eff = super::super::k3s_flags::effective(&dropin, &Default::default(), &Default::default(), None);
+            let facts = Facts { reserved: Some(Ok(ReservedMemory::of(&eff.unwrap()))), ..Default::default() };
+            judge(&facts, "k3s.service").into_iter().find(|f| f.protection == "reserved memory").unwrap()
+        };
+        assert_eq!(judged().state, MISSING);
+        let ours = dropins.join("40-regrade-reserved.yaml");
+        std::fs::write(&ours, "kubelet-arg+:\n  - \"system-reserved=memory=768Mi\"\n").unwrap();
+        let f = judged();
+        assert_eq!((f.state, f.value.as_deref()), (IN_PLACE, Some("768Mi")), "{f:?}");
+        assert_eq!(f.source.as_deref(), Some(ours.to_str().unwrap()));
+        let site = dropins.join("90-site.yaml");
+        std::fs::write(&site, "kubelet-arg: [max-pods=50]\n").unwrap();
+        let f = judged();
+        assert_eq!(f.state, SHADOWED, "{f:?}");
+        assert_eq!(f.shadowed_by.as_deref(), Some(site.to_str().unwrap()));
+        assert!(f.words.contains(site.to_str().unwrap()) && f.words.contains("kubelet-arg+"), "{f:?}");
+        std::fs::remove_file(&site).unwrap();
+        std::fs::write(d.path().join("config.yaml"), "kubelet-arg: [\"system-reserved=memory=2Gi\"]\n").unwrap();
+        let f = judged();
+        assert_eq!((f.state, f.value.as_deref()), (LOWERED, Some("768Mi")), "{f:?}");
+        assert!(f.words.contains("2Gi") && f.words.contains("config.yaml"), "{f:?}");
+        // A larger reservation after a smaller one raises it: in place. And a larger one
+        // still after the smaller: in place, at the last one's value.
+        std::fs::write(d.path().join("config.yaml"), "kubelet-arg: [\"system-reserved=memory=512Mi\"]\n").unwrap();
+        assert_eq!(judged().state, IN_PLACE);
+        let late = dropins.join("60-more.yaml");
+        std::fs::write(d.path().join("config.yaml"), "kubelet-arg: [\"system-reserved=memory=2Gi\"]\n").unwrap();
+        std::fs::write(&late, "kubelet-arg+: [\"system-reserved=memory=3Gi\"]\n").unwrap();
+        let f = judged();
+        assert_eq!((f.state, f.value.as_deref()), (IN_PLACE, Some("3Gi")), "{f:?}");
+        std::fs::remove_file(&late).unwrap();
+        // k3s's configuration unreadable: said, not guessed.
+        std::fs::write(dropins.join("60-broken.yaml"), "kubelet-arg: [\n").unwrap();
+        let f = judged_unreadable(&dropins);
+        assert!(f.state == UNKNOWN && f.words.contains("60-broken.yaml"), "{f:?}");
+    }
+
+    fn judged_unreadable(dropins: &Path) -> Finding {
+        let eff = super::super::k3s_flags::effective(
+            &dropins.join("50-regrade.yaml"),
+            &Default::default(),
+            &Default::default(),
+            None,
+        );
+        let facts = Facts {
+            reserved: Some(eff.map(|e| ReservedMemory::of(&e)).map_err(|e| format!("{e:#}"))),
+            ..Default::default()
+        };
+        judge(&facts, "k3s.service").into_iter().find(|f| f.protection == "reserved memory").unwrap()
     }
 }
