@@ -149,12 +149,12 @@ impl SystemdActuator {
     }
 
     /// The restart request as [`restart::send`] sends it: RestartUnit on a bus
-    /// reached already, within `systemd.call_timeout`.
+    /// reached already, its reply waited for within `dbus::restart_timeout`.
     fn request<'a>(&self, purpose: Purpose, level: Level, write: restart::Write<'a>) -> restart::Request<'a> {
         restart::Request {
             purpose,
             what: format!("{} into level {level}", self.cfg.unit),
-            timeout: self.cfg.call_timeout.0,
+            timeout: dbus::restart_timeout(self.cfg.call_timeout.0),
             write: Some(write),
         }
     }
@@ -418,11 +418,10 @@ impl Actuator for SystemdActuator {
             self.rewrite(from).await.with_context(|| format!("putting the drop-in {path} of level {from} back"))?;
             return Ok(format!("put the drop-in {path} of level {from} back; {unit} was not restarted"));
         }
-        // The bus reached and the unit read before the restart is allowed; the drop-in
-        // written inside the request's bound; the restart not waited on, only seen
-        // begun (below).
-        let (systemd, before) = self
-            .connect()
+        // The bus reached before the restart is allowed (the unit's state is not read:
+        // a wedged systemd would not answer); the drop-in written inside the request's
+        // bound; the restart not waited on, only seen begun (below).
+        let systemd = dbus::Systemd::connect(&unit, self.cfg.call_timeout.0)
             .await
             .with_context(|| format!("reaching systemd to restart {unit} back into level {from}"))?;
         let (dropin, content) = (&self.cfg.dropin, self.dropin_for(from));
@@ -433,11 +432,13 @@ impl Actuator for SystemdActuator {
         // systemd runs the job it queued when it gets to it, which under pressure may
         // be seconds later: until then this member is up, and another server's gate
         // would let its own restart through once the Lease is released. The Lease is
-        // held (the step's) until the restart is seen begun, within a call's bound.
+        // held (the step's) until the unit is seen leaving `active` (stopping or
+        // starting), within a call's bound; a restart quicker than the polls, or a
+        // wedged systemd, ends the wait at that bound.
         let begun = async {
             loop {
                 match systemd.state().await {
-                    Ok(s) if s.invocation != before.invocation || s.active != "active" => return,
+                    Ok(s) if s.active != "active" => return,
                     _ => tokio::time::sleep(POLL).await,
                 }
             }

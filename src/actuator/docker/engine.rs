@@ -23,7 +23,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// written at once after (a few bytes on a local socket) and the engine acts on it as
 /// it reads it, so this bounds the restart's request for the Lease
 /// (`restart::Request::timeout`); its answer comes after the stop and the start.
-pub const RESTART_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const RESTART_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Engine {
     socket: PathBuf,

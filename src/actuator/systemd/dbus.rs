@@ -56,6 +56,17 @@ pub struct UnitProtection {
     pub control_group: String,
 }
 
+/// The longest RestartUnit's reply is waited for (less where `systemd.call_timeout` is
+/// less): the restart's request must reach systemd before the Lease's safe bound
+/// (`actuator::restart`), so its own bound is short enough to fit the safe window of
+/// a short Lease too; a reply later than that is judged a lost one, by what follows.
+pub const RESTART_REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long RestartUnit's reply is waited for with `call_timeout` configured.
+pub fn restart_timeout(call_timeout: Duration) -> Duration {
+    call_timeout.min(RESTART_REPLY_TIMEOUT)
+}
+
 /// How many times a call that failed transiently is made in all.
 const ATTEMPTS: u32 = 3;
 
@@ -253,7 +264,7 @@ impl Systemd {
     pub async fn restart(&self) -> anyhow::Result<()> {
         let body = &(self.unit.as_str(), "replace");
         let once = self.conn.call_method(Some(SYSTEMD), MANAGER_PATH, Some(MANAGER), "RestartUnit", body);
-        match tokio::time::timeout(self.timeout, once).await {
+        match tokio::time::timeout(restart_timeout(self.timeout), once).await {
             Ok(Ok(_job)) => Ok(()),
             Ok(Err(e)) if !is_lost_reply(&e) => {
                 Err(e).with_context(|| format!("systemd RestartUnit({}, replace)", self.unit))

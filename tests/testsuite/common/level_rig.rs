@@ -76,7 +76,10 @@ fn seed_etc(h: &Harness, dir: &Path) -> PathBuf {
     .unwrap();
     std::fs::write(
         etc.join("config.yaml"),
-        "kubeconfig: /etc/rancher/k3s/harness.kubeconfig\ndisable-apiserver: true\nnode-lease-interval: 2s\n\
+        // The harness serves the API: the stand-in runs none at any level, by its own
+        // knob, not by `disable-apiserver`, which is regrade's level key (set here it
+        // would override the levels, and watch refuses to start on that).
+        "kubeconfig: /etc/rancher/k3s/harness.kubeconfig\nstandin-no-apiserver: true\nnode-lease-interval: 2s\n\
          node-status-interval: 2s\n",
     )
     .unwrap();

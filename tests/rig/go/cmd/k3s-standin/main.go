@@ -37,7 +37,8 @@
 //   - API server: unless disable-apiserver, supervises a kube-apiserver binary
 //     against the local etcd (TLS, etcd's client cert) on BIND:6443. With
 //     disable-apiserver, port 6443 still answers (TLS), every request with HTTP 503
-//     and body "apiserver disabled".
+//     and body "apiserver disabled". Not k3s: the test knob standin-no-apiserver
+//     does the same at every level, for rigs whose API server is the harness's.
 //   - sd_notify READY=1 as pkg/cli/server sends it: once its own API server is ready
 //     (unless disabled) and its own etcd is ready. At etcd-only that is etcd alone,
 //     as k3s >= 1.22 does: no other server's API is waited for.
@@ -183,6 +184,7 @@ var (
 	notReadyFile  = fs.String("not-ready-file", "", "test knob file (default CONFIG_DIR/standin-not-ready)")
 	killEtcdFile  = fs.String("kill-etcd-file", "", "test knob file (default CONFIG_DIR/standin-kill-etcd)")
 	disableAPI    = fs.Bool("disable-apiserver", false, "do not run kube-apiserver; port answers 503")
+	noAPIServer   = fs.Bool("standin-no-apiserver", false, "test knob: run no kube-apiserver at any level (another serves the API, the kubeconfig's), as disable-apiserver does, without setting regrade's level key")
 	disableAgent  = fs.Bool("disable-agent", false, "do not keep the Node, its Lease and node-password Secret")
 	_             = fs.Bool("disable-controller-manager", false, "recorded only")
 	_             = fs.Bool("disable-scheduler", false, "recorded only")
@@ -429,7 +431,7 @@ func main() {
 	must(kube.EnsureCerts(*certDir, []string{*nodeIP, apiHost, *advertiseAddr}), "certs")
 	must(kube.WriteAdminKubeconfig(filepath.Join(*certDir, "admin.kubeconfig"), *certDir, localAPI), "admin kubeconfig")
 	apiDone := make(chan struct{})
-	if *disableAPI {
+	if withoutAPIServer() {
 		close(apiDone)
 		go serveDisabled(net.JoinHostPort(*bindAddr, strconv.Itoa(*apiPort)))
 	} else {
@@ -448,13 +450,13 @@ func main() {
 	}
 
 	if !*disableAgent && *kubeconfig != "" {
-		go runAgent(ctx, !*disableAPI, e, name)
+		go runAgent(ctx, !withoutAPIServer(), e, name)
 	} else {
 		log.Printf("k3s-standin: agent not running (disable-agent=%v, kubeconfig=%q)", *disableAgent, *kubeconfig)
 	}
 
 	go notifyWhenReady(ctx, localAPI)
-	if *disableAPI {
+	if withoutAPIServer() {
 		go exitWithoutAPIServer(ctx)
 	}
 
@@ -567,6 +569,12 @@ func superviseAPIServer(ctx context.Context, args []string) {
 	}
 }
 
+// withoutAPIServer: this server runs no kube-apiserver (disable-apiserver, or the test
+// knob standin-no-apiserver of a rig whose API server is the harness's).
+func withoutAPIServer() bool {
+	return *disableAPI || *noAPIServer
+}
+
 // notifyWhenReady sends READY=1 as k3s's server command does (pkg/cli/server): once
 // its own API server is ready, unless disabled, and its own etcd is ready (here:
 // /health answers 200, so the health-delay and never-healthy knobs hold READY back).
@@ -574,7 +582,7 @@ func superviseAPIServer(ctx context.Context, args []string) {
 // there, and another server's API being down does not delay it.
 func notifyWhenReady(ctx context.Context, localAPI string) {
 	var local *http.Client
-	if !*disableAPI {
+	if !withoutAPIServer() {
 		c, err := rest.HTTPClientFor(&rest.Config{Host: localAPI, TLSClientConfig: rest.TLSClientConfig{
 			CAFile:   filepath.Join(*certDir, kube.CACert),
 			CertFile: filepath.Join(*certDir, kube.AdminCert), KeyFile: filepath.Join(*certDir, kube.AdminKey)}})
