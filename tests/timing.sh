@@ -41,6 +41,14 @@ timing_host() {
   echo "$((u + n + s + q + sq + st)) $((u + n + s + i + w + q + sq + st))"
 }
 
+# The host's busy CPU so far, in centiseconds (every process: a row's "host" column is
+# what the whole machine burned while that part ran, beside it or not).
+timing_host_cs() {
+  local busy _
+  read -r busy _ < <(timing_host)
+  echo $((busy * 100 / timing_tck))
+}
+
 timing_label=""
 timing_counted=" "
 
@@ -61,8 +69,8 @@ timing_bg_ended() {
 timing_section_end() {
   [ -n "$timing_label" ] || return 0
   timing_bg_ended
-  printf 'fg|%s|%s|%s|%s\n' "$timing_label" $(($(timing_now) - timing_s0)) \
-    $(($(timing_cpu $$) - timing_c0 - timing_bg_cpu)) "${1:-}" >>"$REGRADE_TIMING_FILE"
+  printf 'fg|%s|%s|%s|%s|%s\n' "$timing_label" $(($(timing_now) - timing_s0)) \
+    $(($(timing_cpu $$) - timing_c0 - timing_bg_cpu)) "${1:-}" $(($(timing_host_cs) - timing_h0)) >>"$REGRADE_TIMING_FILE"
   timing_label=""
 }
 
@@ -73,18 +81,20 @@ timing_section() {
   timing_label=$1
   timing_s0=$(timing_now)
   timing_c0=$(timing_cpu $$)
+  timing_h0=$(timing_host_cs)
 }
 
 # KEY LABEL CMD...: runs CMD and records its wall and CPU in a row of its own; called
 # in the background (`timing_bg ... &`), so its subshell's CPU is the part's.
 timing_bg() {
-  local key=$1 label=$2 me=$BASHPID t0 rc=0 # BASHPID: this background subshell
+  local key=$1 label=$2 me=$BASHPID t0 h0 rc=0 # BASHPID: this background subshell
   shift 2
   printf 'bgstart|%s|%s\n' "$key" "$label" >>"$REGRADE_TIMING_FILE"
   t0=$(timing_now)
+  h0=$(timing_host_cs)
   "$@" || rc=$?
-  printf 'bg|%s|%s|%s|%s|%s\n' "$key" "$label" $(($(timing_now) - t0)) "$(timing_cpu "$me" own)" "$rc" \
-    >>"$REGRADE_TIMING_FILE"
+  printf 'bg|%s|%s|%s|%s|%s|%s\n' "$key" "$label" $(($(timing_now) - t0)) "$(timing_cpu "$me" own)" "$rc" \
+    $(($(timing_host_cs) - h0)) >>"$REGRADE_TIMING_FILE"
   return "$rc"
 }
 
@@ -93,22 +103,22 @@ timing_table() {
   now=$(timing_now)
   read -r host0 tot0 <<<"$timing_host0"
   read -r host tot < <(timing_host)
-  printf '\n=== timings (m:ss.s; CPU: user+sys of what each part ran and waited for)\n'
+  printf '\n=== timings (m:ss.s; cpu: user+sys of what each part ran and waited for; host: the whole machine busy meanwhile)\n'
   awk -F'|' -v wall=$((now - timing_t0)) -v cpu=$(($(timing_cpu $$ own) - timing_c00)) \
     -v host=$(((host - host0) * 100 / timing_tck)) -v avail=$(((tot - tot0) * 100 / timing_tck)) '
     function ms(cs) { s = int(cs / 10 + 0.5) / 10; return sprintf("%d:%04.1f", int(s / 60), s - 60 * int(s / 60)) }
-    function row(what, w, c, note) { printf "%-70.70s %7s %7s  %s\n", what, w, c, note }
-    BEGIN { row("part", "wall", "cpu", "") }
-    $1 == "fg" { row($2, ms($3), ms($4), $5 == "" ? "" : "FAILED (exit " $5 ")") }
+    function row(what, w, c, h, note) { printf "%-70.70s %7s %7s %7s  %s\n", what, w, c, h, note }
+    BEGIN { row("part", "wall", "cpu", "host", "") }
+    $1 == "fg" { row($2, ms($3), ms($4), ms($6), $5 == "" ? "" : "FAILED (exit " $5 ")") }
     $1 == "bgstart" { order[++n] = $2; label[$2] = $3 }
-    $1 == "bg" { done[$2] = 1; w[$2] = $4; c[$2] = $5; rc[$2] = $6 }
+    $1 == "bg" { done[$2] = 1; w[$2] = $4; c[$2] = $5; rc[$2] = $6; h[$2] = $7 }
     END {
       for (i = 1; i <= n; i++) {
         k = order[i]
-        if (k in done) row("[beside] " label[k], ms(w[k]), ms(c[k]), rc[k] == 0 ? "" : "FAILED (exit " rc[k] ")")
-        else row("[beside] " label[k], "-", "-", "did not finish")
+        if (k in done) row("[beside] " label[k], ms(w[k]), ms(c[k]), ms(h[k]), rc[k] == 0 ? "" : "FAILED (exit " rc[k] ")")
+        else row("[beside] " label[k], "-", "-", "-", "did not finish")
       }
-      row("total", ms(wall), ms(cpu), sprintf("CPU/wall %.2f; the host busy %s of %s CPU time over the run (every process)",
+      row("total", ms(wall), ms(cpu), ms(host), sprintf("CPU/wall %.2f; host: the machine busy (every process) %s of %s CPU time",
         wall ? cpu / wall : 0, ms(host), ms(avail)))
     }' "$REGRADE_TIMING_FILE"
 }

@@ -3,7 +3,7 @@
 # the rig's real dockerd (rig.sh), with Debian's docker-compose (1.29, profiles
 # included) and the images built from deploy/docker/*.Dockerfile with the static
 # regrade (rig.sh up). rancher/k3s is replaced by the k3s stand-in (tests/rig): it runs
-# a real embedded etcd (its /health on 127.0.0.61:2381) and its agent keeps the Node
+# a real embedded etcd (its /health on 127.0.0.65:2381) and its agent keeps the Node
 # server-1 Ready in a real kube-apiserver with RBAC (the rig's harness), which stands
 # for the cluster's API here (the image carries no kube-apiserver of its own: at full
 # the stand-in only logs that it cannot start one; at etcd-only its port 6443 answers
@@ -159,8 +159,13 @@ echo "regrade-test-token" >"$work/k3s/token"
 kc config view --raw --minify --flatten >"$work/k3s/agent.kubeconfig"
 cat >"$work/k3s/config.yaml" <<EOF
 # TEST CODE: read by the k3s stand-in as k3s reads /etc/rancher/k3s/config.yaml.
-node-ip: 127.0.0.61
-etcd-health-addr: 127.0.0.61:2381
+node-ip: 127.0.0.65
+etcd-health-addr: 127.0.0.65:2381
+# The stand-in's own knobs (not k3s's): every port on the test's own address, as k3s
+# would listen in a network of its own (k3s also listens on 127.0.0.1:2379 and starts
+# its temporary etcd there); the host's network is shared with the suite's other rigs.
+etcd-client-url: https://127.0.0.65:2379
+temp-etcd-addr: 127.0.0.65
 kubeconfig: /etc/rancher/k3s/agent.kubeconfig
 node-lease-interval: 2s
 node-status-interval: 2s
@@ -188,7 +193,7 @@ request_timeout = "3s"
 [docker]
 container = "k3s"
 stop_timeout = "10s"
-etcd_health_url = "http://127.0.0.61:2381/health"
+etcd_health_url = "http://127.0.0.65:2381/health"
 health_timeout = "90s"
 
 [etcd]
@@ -263,7 +268,7 @@ level_is() { [ "$(started_level)" = "$1" ] && [ "$(level_file)" = "${2:-$1}" ]; 
 node_ready() {
   kc get node server-1 -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
 }
-healthy() { curl -sf http://127.0.0.61:2381/health >/dev/null; }
+healthy() { curl -sf http://127.0.0.65:2381/health >/dev/null; }
 logs_of() { "${docker[@]}" logs "$1" 2>&1; }
 running() { [ "$("${docker[@]}" inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
 both_running() { running k3s && running regrade; }
