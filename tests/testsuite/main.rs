@@ -23,6 +23,7 @@ mod incident {
 }
 mod vm {
     pub mod guest;
+    pub mod k3s_config;
     pub mod lane;
 }
 

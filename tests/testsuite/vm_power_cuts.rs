@@ -10,6 +10,12 @@
 //! 0 % up, 20 % neither), on tmpfs so that a cut forgets it and every boot starts at
 //! neither. A fake pressure, not a thrash: the cells are about where the step is cut.
 //!
+//! Before the cells, k3s's configuration as regrade reads it (tests/testsuite/vm/k3s_config.rs,
+//! issue 58): `regrade status` with a site drop-in that shadows the shipped reservation,
+//! with an operator's 2 GiB the shipped file lowers, and with it after that file, each
+//! checked against the k3s stand-in's report of the kubelet's flags after a restart;
+//! the operator's 2 GiB stays through the cells and is read back after them.
+//!
 //! Each cell, from the step's `from` level, converged (moved there by `regrade step`
 //! in the guest, then `sync`: what came before is on disk, as on a host that ran a
 //! while):
@@ -53,6 +59,7 @@
 use crate::common;
 use crate::incident::shared;
 use crate::vm::guest;
+use crate::vm::k3s_config;
 use crate::vm::lane;
 
 use std::collections::BTreeSet;
@@ -291,6 +298,12 @@ fn vm_power_cuts() {
             no_fsync: no_fsync.clone(),
             t_start,
         };
+        // k3s's configuration as regrade reads it (issue 58), before the cells: the
+        // operator's 2 GiB it leaves in config.yaml.d stays through them.
+        for line in k3s_config::before_steps(&g).unwrap_or_else(|e| panic!("k3s's configuration: {e}")) {
+            phase(&line);
+        }
+        lane.converge_at(&g, &[FULL]).await.unwrap_or_else(|e| panic!("after k3s's restarts: {e}"));
         let mut rows = Vec::new();
         for cell in &cells {
             let t0 = Instant::now();
@@ -308,8 +321,13 @@ fn vm_power_cuts() {
                 break;
             }
         }
-        rows
+        let config_after = k3s_config::after_steps(&g);
+        if let Ok(line) = &config_after {
+            phase(line);
+        }
+        (rows, config_after)
     });
+    let (rows, config_after) = rows;
     print_table(&rows, &cmdline, no_fsync.as_deref(), t_start.elapsed().as_secs_f64());
     let failed: Vec<String> =
         rows.iter().filter_map(|r| r.failed.as_ref().map(|e| format!("{}: {e}", r.cell))).collect();
@@ -318,6 +336,9 @@ fn vm_power_cuts() {
     drop(network);
     drop(lock);
     assert!(failed.is_empty(), "cells failed:\n{}", failed.join("\n"));
+    if let Err(e) = config_after {
+        panic!("k3s's configuration after the cells: {e}");
+    }
     assert_eq!(rows.len(), cells.len(), "every cell ran");
 }
 

@@ -57,13 +57,17 @@ fn render_flags(level: Level, flags: &BTreeMap<String, FlagValue>) -> String {
     o += &format!("{LEVEL_MARK}{level}\n");
     for (name, value) in flags {
         let key = yaml_key(name);
+        // A list adds to what k3s read before this file (`name+`): a plain key would
+        // replace every earlier value, the operator's and the shipped system-reserved
+        // memory in kubelet-arg among them.
+        let list_key = || yaml_key(&format!("{}+", name.trim_end_matches('+')));
         match value {
             FlagValue::Bool(b) => o += &format!("{key}: {b}\n"),
             FlagValue::Int(i) => o += &format!("{key}: {i}\n"),
             FlagValue::Str(s) => o += &format!("{key}: {}\n", yaml_str(s)),
-            FlagValue::List(items) if items.is_empty() => o += &format!("{key}: []\n"),
+            FlagValue::List(items) if items.is_empty() => o += &format!("{}: []\n", list_key()),
             FlagValue::List(items) => {
-                o += &format!("{key}:\n");
+                o += &format!("{}:\n", list_key());
                 for item in items {
                     o += &format!("  - {}\n", yaml_str(item));
                 }
@@ -166,10 +170,10 @@ mod tests {
              node-external-ip = \"x: y\"\nhttps-listen-port = 7443\ndisable = []\n",
         );
         let text = render(&l, Level::EtcdOnly).unwrap();
-        assert!(text.contains("kubelet-arg:\n  - \"max-pods=10\"\n  - \"a\\\"b\"\n"), "{text}");
+        assert!(text.contains("kubelet-arg+:\n  - \"max-pods=10\"\n  - \"a\\\"b\"\n"), "{text}");
         assert!(text.contains("node-external-ip: \"x: y\"\n"), "{text}");
         assert!(text.contains("https-listen-port: 7443\n"), "{text}");
-        assert!(text.contains("disable: []\n"), "{text}");
+        assert!(text.contains("disable+: []\n"), "{text}");
     }
 
     #[test]

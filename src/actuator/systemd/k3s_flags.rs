@@ -173,6 +173,22 @@ mod tests {
     }
 
     #[test]
+    fn a_levels_list_flag_adds_to_the_operators_and_keeps_their_reservation() {
+        let h = Host::new();
+        let levels = crate::config::Config::parse("[levels.control-plane.k3s]\nkubelet-arg = [\"max-pods=10\"]\n")
+            .unwrap()
+            .levels;
+        h.put("config.yaml", "kubelet-arg: [system-reserved=memory=2Gi]\n");
+        h.put("config.yaml.d/40-regrade-reserved.yaml", "kubelet-arg+: [system-reserved=memory=3Gi]\n");
+        let eff = effective(&h.dropin(), &levels, &argv(&["k3s", "server"]), Some(Level::ControlPlane)).unwrap();
+        let values: Vec<&str> = eff.all("kubelet-arg").map(|a| a.value.as_str()).collect();
+        assert_eq!(values, ["system-reserved=memory=2Gi", "system-reserved=memory=3Gi", "max-pods=10"]);
+        let reserved = crate::k3s_config::kubelet::map_flag(&eff, "system-reserved");
+        assert_eq!(reserved.entries["memory"].value, "3Gi", "the level's drop-in lowers nothing");
+        check_levels(&h.dropin(), &levels, &argv(&["k3s", "server"])).unwrap();
+    }
+
+    #[test]
     fn a_list_flag_shadowed_by_a_later_plain_key_is_named() {
         let h = Host::new();
         let levels = crate::config::Config::parse(

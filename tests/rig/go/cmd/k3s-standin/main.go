@@ -65,6 +65,15 @@
 //     embedded kubelet sets oom_score_adj -999 on the k3s process once it runs, which
 //     needs an API server; here once the agent has registered its Node, on the
 //     stand-in and its kube-apiserver.
+//   - kubelet-arg (the stand-in runs no kubelet): the kubelet's arguments as k3s's
+//     agent builds them, in the report's "kubelet": k3s's defaults (none here) with
+//     each kubelet-arg in order (pkg/util/args.go GetArgs: `key=value` adds a value,
+//     `key+=` appends, `key-=` prepends; a key given again adds another argument,
+//     all of a key's kept in order), then parsed as the kubelet parses its command
+//     line: the last value of a flag wins, except the map flags (system-reserved,
+//     kube-reserved, eviction-hard, eviction-soft, eviction-minimum-reclaim), whose
+//     values merge key by key with the later one winning (component-base's
+//     MapStringString).
 //   - EtcdIsVoter: the etcd leader writes it on every etcd Node every 15 s when it
 //     changes (or is 5 min old): True MemberNotLearner, False MemberIsLearner or
 //     NotAMember, as k3s's member controller does.
@@ -208,7 +217,7 @@ var (
 
 func init() {
 	fs.Var(servers, "server", "other servers' API URLs (agent failover and READY check)")
-	for _, n := range []string{"node-label", "node-taint", "tls-san", "disable", "etcd-arg", "kube-apiserver-arg"} {
+	for _, n := range []string{"node-label", "node-taint", "tls-san", "disable", "etcd-arg", "kube-apiserver-arg", "kubelet-arg"} {
 		fs.Var(&listFlag{}, n, "recorded only")
 	}
 }
@@ -511,7 +520,7 @@ func writeReport(started time.Time, files []string, merged map[string][]string, 
 	})
 	rep := map[string]any{"pid": os.Getpid(), "started": started.Format(time.RFC3339Nano), "argv": os.Args,
 		"config_dir": *configDir, "config_files": files, "config": merged, "unknown_config_keys": unknown,
-		"effective_args": args, "flags": flags}
+		"effective_args": args, "flags": flags, "kubelet": kubeletFlags(flags["kubelet-arg"].([]string))}
 	b, _ := json.MarshalIndent(rep, "", "  ")
 	must(os.MkdirAll(filepath.Dir(*reportFile), 0o755), "report dir")
 	tmp := *reportFile + ".tmp"
@@ -519,6 +528,64 @@ func writeReport(started time.Time, files []string, merged map[string][]string, 
 	must(os.Rename(tmp, *reportFile), "write report")
 	one, _ := json.Marshal(rep)
 	log.Printf("k3s-standin: effective flags: %s", one)
+}
+
+// kubeletMapFlags: the kubelet flags of type MapStringString among those a test reads.
+var kubeletMapFlags = map[string]bool{"system-reserved": true, "kube-reserved": true, "eviction-hard": true,
+	"eviction-soft": true, "eviction-minimum-reclaim": true}
+
+// kubeletFlags: the kubelet's effective flags from k3s's kubelet-arg values (see the
+// header): each flag's value as the kubelet ends with it.
+func kubeletFlags(kubeletArgs []string) map[string]string {
+	// k3s's GetArgs: a value per occurrence, kept in order per key; `+` appends to and
+	// `-` prepends before the key's values so far (no defaults here to keep or drop).
+	var order []string
+	values := map[string][]string{}
+	for _, a := range kubeletArgs {
+		key, value, found := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !found {
+			value = "true"
+		}
+		name := strings.TrimRight(key, "+-")
+		if _, seen := values[name]; !seen {
+			order = append(order, name)
+		}
+		if strings.HasSuffix(key, "-") {
+			values[name] = append([]string{value}, values[name]...)
+		} else {
+			values[name] = append(values[name], value)
+		}
+	}
+	// The kubelet's flag parsing: last wins, map flags merged key by key.
+	out := map[string]string{}
+	for _, name := range order {
+		if !kubeletMapFlags[name] {
+			vs := values[name]
+			out[name] = vs[len(vs)-1]
+			continue
+		}
+		var keys []string
+		merged := map[string]string{}
+		for _, v := range values[name] {
+			for _, pair := range strings.Split(v, ",") {
+				k, val, _ := strings.Cut(strings.TrimSpace(pair), "=")
+				if k == "" {
+					continue
+				}
+				if _, seen := merged[k]; !seen {
+					keys = append(keys, k)
+				}
+				merged[k] = val
+			}
+		}
+		sort.Strings(keys)
+		pairs := make([]string, 0, len(keys))
+		for _, k := range keys {
+			pairs = append(pairs, k+"="+merged[k])
+		}
+		out[name] = strings.Join(pairs, ",")
+	}
+	return out
 }
 
 func serveDisabled(addr string) {
