@@ -50,16 +50,20 @@
       clusterInit = name == "server1";
       serverAddr = lib.optionalString (name != "server1") "https://${nodes.server1.networking.primaryIPAddress}:6443";
       images = [pauseImage];
-      extraFlags = [
-        "--disable coredns"
-        "--disable local-storage"
-        "--disable metrics-server"
-        "--disable servicelb"
-        "--disable traefik"
-        "--node-ip ${config.networking.primaryIPAddress}"
-        "--flannel-iface eth1"
-        "--pause-image test.local/pause:local"
-      ];
+      extraFlags =
+        [
+          "--disable coredns"
+          "--disable local-storage"
+          "--disable metrics-server"
+          "--disable servicelb"
+          "--disable traefik"
+          "--node-ip ${config.networking.primaryIPAddress}"
+          "--flannel-iface eth1"
+          "--pause-image test.local/pause:local"
+          # server3 reserves more system memory than regrade's 768Mi on k3s's command
+          # line: the module must install no reservation of its own there (subtest 0).
+        ]
+        ++ lib.optional (name == "server3") "--kubelet-arg=system-reserved=memory=1Gi";
     };
 
     services.regrade = {
@@ -157,6 +161,25 @@ in {
     # credentials, and the admission policy bounds it: check-access exits 0 only then.
     server1.succeed("grep -q tokenFile /var/lib/regrade/kubeconfig && ! grep -q client-key-data /var/lib/regrade/kubeconfig")
     server1.wait_until_succeeds("regrade check-access", timeout=left(120))
+
+    def kubelet_reserved(m):
+        # k3s logs the kubelet's arguments as it starts it; the kubelet keeps the last
+        # value of a repeated flag.
+        line = m.succeed("journalctl -u k3s.service -o cat | grep 'Running kubelet' | tail -n 1")
+        values = [a.split("=", 1)[1] for a in line.split() if a.startswith("--system-reserved=")]
+        return values[-1] if values else None
+
+    def reserved_finding(m):
+        return [p for p in status(m)["protections"] if p["protection"] == "reserved memory"][0]
+
+    with subtest("0. regrade's reservation on server1; server3 reserves more itself, and keeps it"):
+        server1.succeed("test -e /etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml")
+        assert kubelet_reserved(server1) == "memory=768Mi", kubelet_reserved(server1)
+        assert reserved_finding(server1)["state"] == "in place", reserved_finding(server1)
+        server3.fail("test -e /etc/rancher/k3s/config.yaml.d/40-regrade-reserved.yaml")
+        assert kubelet_reserved(server3) == "memory=1Gi", kubelet_reserved(server3)
+        found = reserved_finding(server3)
+        assert found["state"] == "in place" and found["value"] == "1Gi", found
 
     with subtest("1. a Lease held by someone else refuses a step; released, the step proceeds"):
         now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(int(server2.succeed("date +%s"))))

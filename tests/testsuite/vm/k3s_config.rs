@@ -44,7 +44,7 @@ pub fn before_steps(g: &Guest) -> Result<Vec<String>, String> {
     expect(&line, &["SHADOWED", SITE, SHIPPED], "a site drop-in's kubelet-arg without `+`")?;
     said.push(format!("shadowed: {line}"));
     let kubelet = restart_k3s(g)?;
-    if kubelet.get("system-reserved").is_some() || kubelet.get("max-pods").map(String::as_str) != Some("110") {
+    if kubelet.contains_key("system-reserved") || kubelet.get("max-pods").map(String::as_str) != Some("110") {
         return Err(format!("the stand-in's kubelet flags with the site file: {kubelet:?}, not max-pods=110 alone"));
     }
     said.push(format!("  the stand-in's kubelet after k3s's restart: {kubelet:?}"));
