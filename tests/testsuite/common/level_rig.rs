@@ -294,13 +294,19 @@ impl LevelRig {
         Ok(level)
     }
 
-    pub fn wait<T>(&self, what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    pub fn wait<T>(&self, what: &str, within: Duration, f: impl FnMut() -> Option<T>) -> T {
+        self.wait_saying(within, f, || format!("timed out after {within:?} waiting for {what}"))
+    }
+
+    /// As [`Rig::wait`], the panic saying `why()` (e.g. with the log of the process
+    /// waited on), asked only then.
+    pub fn wait_saying<T>(&self, within: Duration, mut f: impl FnMut() -> Option<T>, why: impl Fn() -> String) -> T {
         let t0 = Instant::now();
         loop {
             if let Some(v) = f() {
                 return v;
             }
-            assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
+            assert!(t0.elapsed() < within, "{}", why());
             std::thread::sleep(Duration::from_millis(200));
         }
     }
