@@ -12,6 +12,7 @@
 //! restart k3s with regrade's own drop-in, and [`after_steps`] reads it back then: a
 //! level's drop-in does not lower it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -28,6 +29,9 @@ const EARLY: &str = "10-operator.yaml";
 const REPORT: &str = "/run/k3s-standin/flags.json";
 const LONG: Duration = Duration::from_secs(120);
 const OPERATORS: &str = "memory=2Gi";
+
+/// The kubelet's flags in the stand-in's report: name, value as the kubelet ends with it.
+type Kubelet = BTreeMap<String, String>;
 
 /// The three cases, in order, each checked in `regrade status`; the first also in the
 /// stand-in's report after a restart of k3s (the last one's is read after the cells by
@@ -50,7 +54,7 @@ pub fn before_steps(g: &Guest) -> Result<Vec<String>, String> {
     said.push(format!("  the stand-in's kubelet after k3s's restart: {kubelet:?}"));
 
     // The operator's 2 GiB read before the shipped file: the kubelet keeps 768Mi.
-    remove(g, SITE)?;
+    remove(g, SITE);
     put(g, EARLY, &format!("kubelet-arg+:\n  - \"system-reserved={OPERATORS}\"\n"))?;
     let line = reserved_line(g)?;
     expect(
@@ -61,7 +65,7 @@ pub fn before_steps(g: &Guest) -> Result<Vec<String>, String> {
     said.push(format!("lowered: {line}"));
 
     // Moved after it, as `kubelet-arg+`: in force, and what the kubelet gets.
-    remove(g, EARLY)?;
+    remove(g, EARLY);
     put(g, SITE, &format!("kubelet-arg+:\n  - \"system-reserved={OPERATORS}\"\n"))?;
     let line = reserved_line(g)?;
     expect(&line, &["reserved memory: in place", OPERATORS, SITE], "the operator's 2 GiB after the shipped file")?;
@@ -93,9 +97,8 @@ fn put(g: &Guest, name: &str, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn remove(g: &Guest, name: &str) -> Result<(), String> {
+fn remove(g: &Guest, name: &str) {
     g.sh(&format!("rm -f {DIR}/{name}"), LONG);
-    Ok(())
 }
 
 /// `regrade status`'s reserved-memory line.
@@ -115,7 +118,7 @@ fn expect(line: &str, words: &[&str], case: &str) -> Result<(), String> {
     }
 }
 
-fn expect_kubelet(kubelet: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+fn expect_kubelet(kubelet: &Kubelet) -> Result<(), String> {
     match kubelet.get("system-reserved") {
         Some(v) if v == OPERATORS => Ok(()),
         other => Err(format!("the stand-in's kubelet gets system-reserved {other:?}, not {OPERATORS}: {kubelet:?}")),
@@ -123,7 +126,7 @@ fn expect_kubelet(kubelet: &std::collections::BTreeMap<String, String>) -> Resul
 }
 
 /// The stand-in's report: its PID and the kubelet's flags.
-fn report(g: &Guest) -> Result<(i64, std::collections::BTreeMap<String, String>), String> {
+fn report(g: &Guest) -> Result<(i64, Kubelet), String> {
     let text = g.sh(&format!("cat {REPORT}"), LONG);
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{REPORT}: {e}: {text}"))?;
     let pid = v["pid"].as_i64().ok_or_else(|| format!("{REPORT}: no pid"))?;
@@ -138,7 +141,7 @@ fn report(g: &Guest) -> Result<(i64, std::collections::BTreeMap<String, String>)
 
 /// Restarts k3s.service (Type=notify: back once the new process says READY, its
 /// report written before that) and returns the new process's kubelet flags.
-fn restart_k3s(g: &Guest) -> Result<std::collections::BTreeMap<String, String>, String> {
+fn restart_k3s(g: &Guest) -> Result<Kubelet, String> {
     let (before, _) = report(g)?;
     g.sh("systemctl restart k3s.service", Duration::from_secs(300));
     let (pid, kubelet) = report(g)?;
